@@ -1,0 +1,53 @@
+r"""Benchmark suites: each figure measured next to its reference in the same run.
+
+  python -m launch.benchmark --only=scoring,generation --out_dir=bench_results
+
+Prints one table per suite and writes bench_results/<suite>.json. Suites (one module each under
+searchjax/bench/): scoring (token_logprobs vs transformers), generation (decode vs transformers
+generate), retrieval (encoder vs sentence-transformers, ANN recall/QPS, server latency), train
+(update step vs a torch loss), drfree (IG reward vs difficulty reward).
+"""
+
+import importlib
+import json
+import os
+import pathlib
+
+from absl import app, flags
+
+FLAGS = flags.DEFINE_list("only", ["scoring"], "Suites to run (comma separated).")
+OUT_DIR = flags.DEFINE_string("out_dir", "bench_results", "Where <suite>.json files go.")
+QUICK = flags.DEFINE_bool("quick", False, "Small shapes: a smoke run of the harness.")
+ITERS = flags.DEFINE_integer("iters", 5, "Timed iterations per figure (median reported).")
+
+# Suite name -> module. Listed explicitly so `--only` can name exactly what exists.
+SUITES = {
+    "scoring": "searchjax.bench.scoring",
+    "generation": "searchjax.bench.generation",
+    "retrieval": "searchjax.bench.retrieval",
+    "train": "searchjax.bench.train",
+    "drfree": "searchjax.bench.drfree",
+}
+
+
+def main(argv):
+    del argv
+    from searchjax import runtime
+    from searchjax.bench.common import BenchArgs, format_table
+    runtime.enable_compilation_cache()
+    unknown = [name for name in FLAGS.value if name not in SUITES]
+    if unknown:
+        raise app.UsageError(f"unknown suite(s) {unknown}; valid: {sorted(SUITES)}")
+    args = BenchArgs(iters=ITERS.value, quick=QUICK.value, out_dir=OUT_DIR.value)
+    out = pathlib.Path(OUT_DIR.value)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in FLAGS.value:
+        rows = importlib.import_module(SUITES[name]).run(args)
+        print(f"\n== {name} ==\n{format_table(rows)}")
+        tmp = out / f".{name}.json.tmp"
+        tmp.write_text(json.dumps(rows, indent=2, default=float))
+        os.replace(tmp, out / f"{name}.json")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,6 @@
+"""searchjax: training LLM search agents with reinforcement learning, in JAX.
+
+See README.md for the layout and the two commands that run the main job and the tests.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Data: embedded-default assets, QA dataset readers, the synthetic knowledge-graph world."""
