@@ -1,0 +1,2 @@
+"""Reinforcement learning: advantages.py (host numpy: GRPO, HRPO, group overrides), losses.py (jax: clipped
+surrogate, KL, entropy, SFT, aggregation), trainer.py (the jitted, sharded update)."""
