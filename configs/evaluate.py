@@ -1,0 +1,77 @@
+r"""Evaluate a policy greedily as a Search-R1 search agent; the default is the README's main job.
+
+What it does: SmolLM2-135M-Instruct (real weights, the embedded GGUF) answers the first 16 of the 75
+embedded-default questions (FanOutQA dev sub-questions whose answer is in the default corpus) with the
+Search-R1 protocol: think, <search> the BM25 index over the 10,033 default Wikipedia passages (top 2),
+read <information>, <answer>. Greedy decoding, up to 2 searching turns of 48 tokens plus a final turn.
+Writes <workdir>/predictions.jsonl (one line per question: id, question, golds, answer, trajectory
+text, searches, flags), <workdir>/summary.json and <workdir>/table.md, and prints the table: EM, F1,
+valid-answer rate, mean searches, duplicate-query rate, forced-termination rate.
+
+Expected result (measured): this 135M instruct model was never trained on the protocol; greedily it answers
+in plain text and ends its turn (EOS) without <answer> tags or searches, so every metric is 0 except one
+forced termination in 16:
+
+  | data source | n | EM | F1 | valid answer | mean searches | duplicate queries | forced termination |
+  |---|---|---|---|---|---|---|---|
+  | fanoutqa | 16 | 0.000 | 0.000 | 0.000 | 0.000 | 0.000 | 0.062 |
+
+It is the baseline RL (configs/quickstart.py, configs/search_r1.py) starts from; predictions.jsonl shows the
+plain-text answers. Run time: about 90 s of CPU time (model load, BM25 index on first use, two batches of
+8), i.e. 1-2 minutes on 2 idle CPU cores.
+
+  python -m launch.evaluate --config configs/evaluate.py --workdir /tmp/searchjax_eval
+  python -m launch.evaluate --config configs/evaluate.py:all --workdir /tmp/searchjax_eval_all   # all 75, longer turns
+  python -m launch.evaluate --config configs/evaluate.py --workdir /tmp/nq_eval \
+      --config.model.path=/ckpts/search-r1-qwen2.5-3b --config.data.path=/data/nq/test.jsonl \
+      --config.retrieval.url=http://127.0.0.1:8000 --config.rollout.max_turns=4 \
+      --config.rollout.max_new_tokens_per_turn=500 --config.rollout.max_obs_tokens=500 \
+      --config.rollout.topk=3 --config.rollout.max_cache_len=6144 --config.data.limit=0
+
+Any field can be overridden on the command line (--config.<field>=<value>).
+"""
+
+import ml_collections
+
+
+def get_config(arg: str = ""):
+    """arg: "" (the first 16 default questions, short turns) or "all" (all 75, Search-R1-length turns)."""
+    if arg not in ("", "all"):
+        raise ValueError(f"configs/evaluate.py: unknown variant {arg!r}; valid: '', 'all'")
+    config = ml_collections.ConfigDict()
+    config.seed = 0  # rollout seed (greedy decoding: only exact ties depend on it)
+    config.batch_size = 8  # questions per rollout call (the KV cache holds batch x max_cache_len slots)
+    config.progress = True  # tqdm progress bar over questions
+
+    config.model = ml_collections.ConfigDict()
+    config.model.path = "smollm2"  # HF dir, .gguf file, or "smollm2" (the embedded SmolLM2-135M-Instruct GGUF)
+    config.model.tokenizer = ""  # tokenizer location if not the model's own ("" = model.path)
+    config.model.dtype = "float32"  # compute dtype (bfloat16 on accelerators)
+
+    config.data = ml_collections.ConfigDict()
+    config.data.path = "default"  # "default" (embedded FanOutQA sub-questions), a Search-R1 .parquet or FlashRAG .jsonl
+    config.data.data_source = ""  # FlashRAG jsonl only: data-source name ("" = from the file; see eval/benchmarks.py)
+    config.data.limit = 16  # evaluate the first N questions (0 = all)
+
+    config.retrieval = ml_collections.ConfigDict()
+    config.retrieval.index = "bm25"  # "bm25" | "dense" (embedded default corpus) or a built index directory
+    config.retrieval.url = ""  # a running retrieval server (launch/serve_retriever.py); wins over index
+
+    # searchjax.agent.rollout.RolloutConfig, field for field, except group_size (1) and sampling (greedy),
+    # which evaluation fixes.
+    config.rollout = ml_collections.ConfigDict()
+    config.rollout.max_turns = 2  # searching turns; then one final turn without search
+    config.rollout.max_new_tokens_per_turn = 48  # generated tokens per turn
+    config.rollout.max_obs_tokens = 128  # tokens of one <information> block (truncated beyond, with a marker)
+    config.rollout.topk = 2  # passages per search
+    config.rollout.max_cache_len = 672  # KV-cache slots per question: prompt + every turn + every observation
+    config.rollout.search = True  # False: one turn, no tool (closed-book baseline with the same prompt)
+
+    if arg == "all":
+        config.data.limit = 0
+        config.rollout.max_turns = 4
+        config.rollout.max_new_tokens_per_turn = 256
+        config.rollout.max_obs_tokens = 256
+        config.rollout.topk = 3
+        config.rollout.max_cache_len = 2560
+    return config

@@ -1,0 +1,361 @@
+"""The search agent's rollout: a bounded host loop over prompts x G samples, one KV cache across turns.
+
+    trajectories = rollout(model, params, tokenizer, retriever, prompts, RolloutConfig(group_size=5), seed=0)
+
+The loop (Search-R1, Jin et al. 2025, `search_r1/llm_agent/generation.py::run_llm_loop`; STYLE.md habit 6):
+
+    session = generation.start(prompt of each row)                  # rows = prompts x group_size, prompt-major
+    for turn in range(max_turns + 1):                               # max_turns searching turns + 1 final turn
+        session, outs = generation.decode(session, max_new_tokens_per_turn, stop=("</search>", "</answer>"))
+        parse each active row's turn text (protocol.parse_action: the first closed block wins)
+        answer -> the row is done;  EOS -> done;  final turn -> done (a search there is not executed)
+        search -> its query joins this turn's batch;  anything else -> the invalid-action observation
+        hits = retriever.search(all of this turn's queries, topk)   # ONE call per turn
+        session = generation.append(session, observation tokens)    # loss mask 0; decoding resumes from the cache
+
+Decisions (each one is what the code does; tests/rollout checks them):
+
+* Tokens are never re-tokenised. A row's response is exactly the ids the model was conditioned on: every
+  generated token as sampled (stop text, EOS and any bytes after the stop inside the same token kept) and
+  every observation as the ids appended to the cache. `response_text` is `tokenizer.decode(response_ids)`.
+  `loss_mask` is 1 on generated tokens and 0 on observation tokens; `sampler_logprobs` is log softmax(logits /
+  T) of each generated token (searchjax.sampling) and 0.0 on observation tokens.
+* Turns. A turn ends at `</search>`, `</answer>`, an EOS id or `max_new_tokens_per_turn` tokens. With
+  `search=True` there are at most `max_turns` searching turns (a turn with an invalid action uses one too,
+  as in Search-R1), then one final turn for rows still running. Nothing is added to the prompt to announce
+  the final turn (Search-R1 adds nothing either); a `<search>` written in it is not executed and not
+  counted, and the trajectory ends without an answer. With `search=False` there is one turn that stops only
+  at `</answer>` or EOS (no tool: Dr.Free's proposer), and the answer is its first closed `<answer>` block
+  whatever precedes it.
+* A trajectory ends at an answer action, at EOS (an instruct model's end-of-turn token means it has
+  finished; text appended after it would be trained on as if the sequence continued), or after its last
+  turn. `answer` is the content of the answer action that ended it (the first closed `<answer>` block of
+  its last turn, stripped; = qa.extract_answer of that turn's text), else None.
+* `forced_termination` (DESIGN.md): the trajectory used every searching turn without answering, i.e. it was
+  still running when the final turn began (False with `search=False`). `end_reason` says how it ended:
+  "answer", "eos", or "turns" (its last turn ended without an answer).
+* Observations: a search's hits become `protocol.search_observation(hits)`; an invalid action gets
+  `protocol.INVALID_ACTION_OBSERVATION`. An observation longer than `max_obs_tokens` tokens (wrapper
+  included, as Search-R1's max_obs_length) keeps its `\\n\\n<information>` head and
+  `</information>\\n\\n` tail, cut inside the passages text at a token boundary that ends a whole UTF-8
+  character, with `TRUNCATION_MARKER` before the tail so the model can see that text is missing.
+* Searches: every searching row's query of a turn goes to the retriever in one `retriever.search(queries,
+  topk)` call, in row order (duplicates across rows included). `queries`, `doc_ids` and `retrieved` list
+  the executed searches in order; `num_searches` / `duplicate_queries` follow searchjax.eval.metrics.
+* A failing retriever never stops the loop: if the call raises (any Exception) or returns something that is
+  not one list of hits per query, every search of that turn gets `RETRIEVAL_ERROR_OBSERVATION` (an
+  information block saying the search failed), no hits, and +1 on the row's `retrieval_errors`; the search
+  still counts as a search (the policy issued it). A warning with the error is logged. Retrying is the
+  client's business (retrieval.client).
+* Group ids must be unique within a batch (`Prompt.uid`, e.g. f"{data_source}/{question_id}": Search-R1
+  reused per-source indices, so groups of different datasets collided); duplicates raise.
+* Capacity: the cache holds the padded prompt, every turn's full token budget and every append block
+  (generation's bucket: the next power of two >= 16 of max_obs_tokens); `required_cache_len` computes it
+  and `rollout` raises before decoding anything when `max_cache_len` is smaller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Optional, Sequence
+
+from searchjax import generation
+from searchjax.agent import protocol
+from searchjax.eval.metrics import count_duplicate_queries, count_searches, is_valid_answer
+from searchjax.rewards.qa import ANSWER_CLOSE, extract_answer
+
+log = logging.getLogger(__name__)
+
+# Appended (before `</information>`) to an observation cut to max_obs_tokens.
+TRUNCATION_MARKER = " ... [truncated]"
+# The observation every search of a turn gets when the retriever call fails.
+RETRIEVAL_ERROR_OBSERVATION = protocol.information_block("The search engine failed; no documents were retrieved.")
+
+END_ANSWER, END_EOS, END_TURNS = "answer", "eos", "turns"
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    """One question; flows prompts -> rollout -> reward -> advantages. `uid` is the GRPO group id."""
+
+    uid: str  # globally unique group id, e.g. f"{data_source}/{question_id}"
+    question: str
+    golden_answers: tuple[str, ...]
+    data_source: str = "default"
+    hops: int = 0  # Dr.Free hop label (HRPO groups by it); 0 = unknown
+    metadata: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Rollout knobs (defaults: Search-R1's train_grpo.sh). configs/*.py `config.rollout` maps field for field."""
+
+    group_size: int = 5  # samples per prompt (GRPO group size G)
+    max_turns: int = 4  # searching turns; rows still running then get one final turn without search
+    max_new_tokens_per_turn: int = 500  # generated-token budget of each turn
+    max_obs_tokens: int = 500  # tokens of one observation, wrapper included (longer ones are truncated)
+    topk: int = 3  # passages per search
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus sampling (1 = off)
+    top_k: int = 0  # top-k sampling (0 = off)
+    max_cache_len: int = 6144  # KV-cache slots per row: prompt + every turn + every observation
+    search: bool = True  # False: a single turn, no tool
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One sample: the response is everything after the prompt (generated and observation tokens, in order)."""
+
+    prompt: Prompt
+    sample_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]  # len(response_ids); 1 exactly on policy-generated tokens
+    sampler_logprobs: list[float]  # len(response_ids); 0.0 on observation tokens
+    response_text: str  # tokenizer.decode(response_ids)
+    queries: list[str]  # executed searches, in order
+    doc_ids: list[list[str]]  # per search: retrieved passage ids, best first
+    retrieved: list[list]  # per search: the retriever's hits (.id, .title, .text, .contents, .score)
+    answer: Optional[str]
+    num_searches: int
+    duplicate_queries: int
+    forced_termination: bool
+    valid_answer: bool
+    end_reason: str = END_TURNS  # "answer" | "eos" | "turns"
+    num_turns: int = 0  # decode turns the trajectory took part in
+    invalid_actions: int = 0  # turns that got the invalid-action observation
+    retrieval_errors: int = 0  # searches whose retriever call failed
+    truncated_observations: int = 0  # observations cut to max_obs_tokens
+
+    @property
+    def forced(self) -> bool:
+        """`forced_termination`, under the name searchjax.eval.metrics reads."""
+        return self.forced_termination
+
+
+# ------------------------------------------------------------------------------------------ checks / sizes
+
+def _append_block(max_obs_tokens: int) -> int:
+    """Cache slots one append of up to max_obs_tokens takes: generation's block, next power of two >= 16."""
+    return max(16, 1 << max(max_obs_tokens - 1, 0).bit_length())
+
+
+def required_cache_len(prompt_ids: Sequence[Sequence[int]], cfg: RolloutConfig) -> int:
+    """KV-cache slots a rollout of these prompts may use: padded prompt + every turn + every append block."""
+    turns = cfg.max_turns if cfg.search else 0
+    return (generation.prompt_bucket(prompt_ids) + (turns + 1) * cfg.max_new_tokens_per_turn
+            + turns * _append_block(cfg.max_obs_tokens))
+
+
+def _check_config(cfg: RolloutConfig) -> None:
+    if not isinstance(cfg, RolloutConfig):
+        raise TypeError(f"rollout: cfg must be a RolloutConfig, got {type(cfg).__name__}")
+    for name in ("group_size", "max_new_tokens_per_turn", "max_obs_tokens", "topk", "max_cache_len"):
+        if int(getattr(cfg, name)) < 1:
+            raise ValueError(f"RolloutConfig.{name}={getattr(cfg, name)!r} must be >= 1")
+    if cfg.max_turns < 0:
+        raise ValueError(f"RolloutConfig.max_turns={cfg.max_turns!r} must be >= 0")
+    if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0:
+        raise ValueError(f"RolloutConfig: temperature={cfg.temperature} must be >= 0, top_p={cfg.top_p} in (0, 1], "
+                         f"top_k={cfg.top_k} >= 0")
+
+
+def _check_prompts(prompts: Sequence[Prompt]) -> None:
+    if not prompts:
+        raise ValueError("rollout: prompts is empty")
+    seen: dict[str, int] = {}
+    for i, p in enumerate(prompts):
+        if not isinstance(p, Prompt):
+            raise TypeError(f"rollout: prompts[{i}] is {type(p).__name__}, expected searchjax.agent.rollout.Prompt")
+        if p.uid in seen:
+            raise ValueError(f"rollout: prompts[{seen[p.uid]}] and prompts[{i}] share uid {p.uid!r}; group ids must "
+                             "be unique (use f'{data_source}/{question_id}')")
+        seen[p.uid] = i
+
+
+# ------------------------------------------------------------------------------------------- observations
+
+@dataclasses.dataclass(frozen=True)
+class _ObservationCodec:
+    """Encodes observations to at most `budget` tokens (module docstring, "Observations")."""
+
+    tokenizer: object
+    budget: int
+    head: str  # "\n\n<information>": the information block's wrapper, taken from the protocol itself
+    tail: str  # "</information>\n\n"
+    info_head: tuple  # ids of head
+    info_tail: tuple  # ids of TRUNCATION_MARKER + tail
+    marker: tuple  # ids of TRUNCATION_MARKER
+
+    @classmethod
+    def build(cls, tokenizer, budget: int) -> "_ObservationCodec":
+        head, tail = protocol.information_block("\0").split("\0")
+        codec = cls(tokenizer, budget, head, tail, tuple(tokenizer.encode(head)),
+                    tuple(tokenizer.encode(TRUNCATION_MARKER + tail)), tuple(tokenizer.encode(TRUNCATION_MARKER)))
+        minimum = len(codec.info_head) + len(codec.info_tail) + 1
+        if budget < minimum:
+            raise ValueError(f"RolloutConfig.max_obs_tokens={budget} cannot hold a truncated information block "
+                             f"(wrapper and marker take {minimum - 1} tokens); use at least {minimum}")
+        return codec
+
+    def _cut(self, body_ids: list, room: int) -> list:
+        """The first <= room body tokens, backing off (<= 3 tokens) so the cut ends a whole UTF-8 character."""
+        room = max(room, 0)
+        for k in range(room, max(room - 4, 0), -1):
+            try:
+                b"".join(self.tokenizer.token_bytes(t) for t in body_ids[:k]).decode("utf-8")
+                return body_ids[:k]
+            except UnicodeDecodeError:
+                continue
+        return body_ids[:room]
+
+    def encode(self, text: str, *, information: bool) -> tuple[list[int], bool]:
+        """(token ids, truncated?) of an observation; `information`: text is an information block."""
+        ids = self.tokenizer.encode(text)
+        if len(ids) <= self.budget:
+            return ids, False
+        if information:
+            body = text[len(self.head):len(text) - len(self.tail)]
+            room = self.budget - len(self.info_head) - len(self.info_tail)
+            return list(self.info_head) + self._cut(self.tokenizer.encode(body), room) + list(self.info_tail), True
+        return self._cut(ids, self.budget - len(self.marker)) + list(self.marker), True
+
+
+def _search(retriever, queries: list[str], topk: int) -> tuple[Optional[list], Optional[str]]:
+    """(one hit list per query, None) or (None, error description); never raises an Exception."""
+    try:
+        results = retriever.search(list(queries), topk)
+        results = list(results)
+        if len(results) != len(queries):
+            raise ValueError(f"returned {len(results)} hit lists for {len(queries)} queries")
+        results = [list(hits) for hits in results]
+        for hits in results:
+            for hit in hits:
+                if not isinstance(hit.contents, str) or not hasattr(hit, "id"):
+                    raise TypeError(f"hit {hit!r} lacks .id or a str .contents")
+        return results, None
+    except Exception as error:  # noqa: BLE001  (documented: a retriever failure never crashes the loop)
+        return None, f"{type(error).__name__}: {error}"
+
+
+# ------------------------------------------------------------------------------------------------ the loop
+
+@dataclasses.dataclass
+class _Row:
+    """Host-side accumulator of one trajectory."""
+
+    response_ids: list = dataclasses.field(default_factory=list)
+    loss_mask: list = dataclasses.field(default_factory=list)
+    logprobs: list = dataclasses.field(default_factory=list)
+    queries: list = dataclasses.field(default_factory=list)
+    retrieved: list = dataclasses.field(default_factory=list)
+    answer: Optional[str] = None
+    end_reason: Optional[str] = None  # None while running
+    forced: bool = False
+    num_turns: int = 0
+    invalid_actions: int = 0
+    retrieval_errors: int = 0
+    truncated_observations: int = 0
+
+    def add(self, ids, mask: int, logprobs=None) -> None:
+        self.response_ids += [int(t) for t in ids]
+        self.loss_mask += [mask] * len(ids)
+        self.logprobs += [float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids)
+
+
+def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg: RolloutConfig, *, seed: int,
+            logits_fn: Optional[generation.LogitsFn] = None) -> list[Trajectory]:
+    """Roll out cfg.group_size samples of each prompt; returns len(prompts) * group_size trajectories, prompt-major.
+
+    model/params: the policy (model may be None when logits_fn is given: no KV cache). tokenizer: a
+    searchjax.tokenization.Tokenizer. retriever: anything with `.search(queries: list[str], topk) ->
+    list[list[hit]]` (unused with cfg.search=False). seed: sampling seed (row r samples with
+    fold_in(key(seed), r)). logits_fn: optional stand-in for the model's next-token logits (see
+    searchjax.generation), for scripted tests.
+    """
+    _check_config(cfg)
+    _check_prompts(prompts)
+    prompts = list(prompts)
+    prompt_ids = [tokenizer.encode(protocol.build_prompt(p.question, tokenizer)) for p in prompts]
+    rows = [(i, g) for i in range(len(prompts)) for g in range(cfg.group_size)]
+    row_prompts = [prompt_ids[i] for i, _ in rows]
+    needed = required_cache_len(row_prompts, cfg)
+    if needed > cfg.max_cache_len:
+        raise ValueError(f"RolloutConfig.max_cache_len={cfg.max_cache_len} is too small: the padded prompt "
+                         f"({generation.prompt_bucket(row_prompts)}) + {cfg.max_turns if cfg.search else 0} searching "
+                         f"turns and a final one of max_new_tokens_per_turn={cfg.max_new_tokens_per_turn} + the "
+                         f"observation blocks (max_obs_tokens={cfg.max_obs_tokens} -> "
+                         f"{_append_block(cfg.max_obs_tokens)} slots each) need {needed}; set max_cache_len >= {needed}")
+    codec = _ObservationCodec.build(tokenizer, cfg.max_obs_tokens) if cfg.search else None
+    searching_turns = cfg.max_turns if cfg.search else 0
+    stop = protocol.STOP_STRINGS if cfg.search else (ANSWER_CLOSE,)
+
+    session = generation.start(model, params, row_prompts, max_cache_len=cfg.max_cache_len, tokenizer=tokenizer,
+                               seed=seed, logits_fn=logits_fn)
+    state = [_Row() for _ in rows]
+    for turn in range(searching_turns + 1):
+        final = turn == searching_turns
+        running = [b for b, row in enumerate(state) if row.end_reason is None]
+        if not running:
+            break
+        if final and cfg.search:
+            for b in running:
+                state[b].forced = True
+        session, outputs = generation.decode(session, cfg.max_new_tokens_per_turn, temperature=cfg.temperature,
+                                             top_p=cfg.top_p, top_k=cfg.top_k, stop=stop)
+        searching, observations = [], {}
+        for b in running:
+            row, out = state[b], outputs[b]
+            row.add(out.token_ids, 1, out.logprobs)
+            row.num_turns += 1
+            text = tokenizer.decode(out.token_ids)
+            action = protocol.parse_action(text)
+            if not cfg.search:  # no tool: the turn stops at its first </answer>, whatever came before it
+                answer = extract_answer(text)
+                action = protocol.INVALID if answer is None else protocol.Action("answer", answer)
+            if action.kind == "answer":
+                row.answer, row.end_reason = action.content, END_ANSWER
+            elif out.stop_reason == "eos":
+                row.end_reason = END_EOS
+            elif final:
+                row.end_reason = END_TURNS
+            elif action.kind == "search":
+                searching.append((b, action.content))
+            else:
+                row.invalid_actions += 1
+                observations[b] = codec.encode(protocol.INVALID_ACTION_OBSERVATION, information=False)
+        if searching:
+            results, error = _search(retriever, [q for _, q in searching], cfg.topk)
+            if error is not None:
+                log.warning("rollout turn %d: the retriever failed on %d queries (%s); they get the error observation",
+                            turn, len(searching), error)
+            for j, (b, query) in enumerate(searching):
+                row = state[b]
+                row.queries.append(query)
+                if results is None:
+                    row.retrieved.append([])
+                    row.retrieval_errors += 1
+                    observations[b] = codec.encode(RETRIEVAL_ERROR_OBSERVATION, information=True)
+                else:
+                    row.retrieved.append(results[j])
+                    observations[b] = codec.encode(protocol.search_observation(results[j]), information=True)
+        if observations:
+            for b, (ids, truncated) in observations.items():
+                state[b].add(ids, 0)
+                state[b].truncated_observations += truncated
+            session = generation.append(session, [observations[b][0] if b in observations else []
+                                                  for b in range(len(rows))])
+
+    trajectories = []
+    for (i, g), row in zip(rows, state):
+        queries = row.queries
+        trajectories.append(Trajectory(
+            prompt=prompts[i], sample_index=g, prompt_ids=list(prompt_ids[i]), response_ids=row.response_ids,
+            loss_mask=row.loss_mask, sampler_logprobs=row.logprobs, response_text=tokenizer.decode(row.response_ids),
+            queries=queries, doc_ids=[[h.id for h in hits] for hits in row.retrieved], retrieved=row.retrieved,
+            answer=row.answer, num_searches=count_searches(queries), duplicate_queries=count_duplicate_queries(queries),
+            forced_termination=row.forced, valid_answer=is_valid_answer(row.answer),
+            end_reason=row.end_reason or END_TURNS, num_turns=row.num_turns, invalid_actions=row.invalid_actions,
+            retrieval_errors=row.retrieval_errors, truncated_observations=row.truncated_observations))
+    return trajectories
