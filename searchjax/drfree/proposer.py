@@ -9,13 +9,19 @@ canonical answer, and reply as <think>...</think><question>...</question><answer
 
 `parse_proposer_output` reads that reply; `format_score` (searchjax.rewards.information_gain, Dr.Free
 eqs. 10-11) scores it; `is_grounded` is the separate grounding gate of eq. 12.
+
+Chain records (`searchjax.drfree.chains.read_chain_pool`) become training prompts with `chain_prompt`: a
+`searchjax.agent.rollout.Prompt` whose `question` is the proposer's user message, whose `hops` is the
+chain's hop count (HRPO groups by it) and whose `metadata["chain"]` is the record itself, so the reward
+sees the chain's passages and target next to the proposer's reply (`chain_of(trajectory)`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
+from retrieval.corpus import Passage
 from searchjax.rewards.qa import normalize_answer
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -151,3 +157,96 @@ def is_grounded(answer: str | None, passages: Sequence[str]) -> bool:
         return False
     candidates = passages if len(passages) == 2 else passages[1:]
     return any(mentions(p, answer) for p in candidates)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Chain records -> proposer prompts
+# ---------------------------------------------------------------------------------------------------
+CHAIN_FIELDS = ("id", "hops", "entities", "relations", "answer", "passages")
+CHAIN_METADATA_KEY = "chain"  # Prompt.metadata key holding the chain record
+
+
+def check_chain_record(record: Any, where: str = "chain record") -> None:
+    """Raise a ValueError naming `where` and the field if `record` is not a usable chain record.
+
+    A record (chains.chain_record) has h = record["hops"] >= 1, h + 1 entities and passages (each a dict
+    with "title" and "text"; passages[0] the seed/source passage), h relations (each with "label"), and
+    the answer = the final entity's label.
+    """
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a dict, got {type(record).__name__}")
+    missing = [k for k in CHAIN_FIELDS if k not in record]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {missing}")
+    hops = record["hops"]
+    if isinstance(hops, bool) or not isinstance(hops, int) or hops < 1:
+        raise ValueError(f"{where}: field 'hops' must be an integer >= 1, got {hops!r}")
+    for field, size in (("entities", hops + 1), ("relations", hops), ("passages", hops + 1)):
+        value = record[field]
+        if not isinstance(value, list) or len(value) != size:
+            raise ValueError(f"{where}: field {field!r} must be a list of {size} items for a {hops}-hop chain, "
+                             f"got {value!r:.200}")
+    for k, entity in enumerate(record["entities"]):
+        if not isinstance(entity, dict) or not str(entity.get("label", "")).strip():
+            raise ValueError(f"{where}: entities[{k}] needs a non-empty 'label'")
+    for k, relation in enumerate(record["relations"]):
+        if not isinstance(relation, dict) or not str(relation.get("label", "")).strip():
+            raise ValueError(f"{where}: relations[{k}] needs a non-empty 'label'")
+    for k, passage in enumerate(record["passages"]):
+        if not isinstance(passage, dict) or not isinstance(passage.get("text"), str) or "title" not in passage:
+            raise ValueError(f"{where}: passages[{k}] needs 'title' and a str 'text'")
+    if not isinstance(record["answer"], str) or not normalize_answer(record["answer"]):
+        raise ValueError(f"{where}: field 'answer' must be a non-empty string, got {record['answer']!r}")
+
+
+def chain_passages(record: dict) -> list[Passage]:
+    """The chain's passages as retrieval Passages, passages[k] about e_k (passages[0] = the source passage)."""
+    return [Passage(id=str(p.get("id", f"{record['id']}/{k}")), title=str(p["title"]), text=p["text"])
+            for k, p in enumerate(record["passages"])]
+
+
+def chain_user_message(record: dict) -> str:
+    """`build_proposer_prompt` for a chain record: entity labels, relation labels, passage texts."""
+    return build_proposer_prompt([e["label"] for e in record["entities"]], [r["label"] for r in record["relations"]],
+                                 [p["text"] for p in record["passages"]])
+
+
+def chain_prompt(record: dict, data_source: str = "chains"):
+    """A rollout Prompt for the proposer: uid f"{data_source}/{record['id']}", question = the proposer's user
+    message, golden_answers = (the chain's answer,), hops = h, metadata = {"chain": record}."""
+    from searchjax.agent.rollout import Prompt  # here, not at the top: rollout pulls in jax and generation
+    check_chain_record(record, f"chain record {record.get('id', '?') if isinstance(record, dict) else '?'}")
+    return Prompt(uid=f"{data_source}/{record['id']}", question=chain_user_message(record),
+                  golden_answers=(record["answer"],), data_source=data_source, hops=int(record["hops"]),
+                  metadata={CHAIN_METADATA_KEY: record})
+
+
+def proposer_prompt_text(prompt, tokenizer) -> str:
+    """The proposer's full prompt: its user message through the tokenizer's chat template (generation prompt on)."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt.question}], add_generation_prompt=True)
+
+
+def chain_prompts(records: Sequence[dict], *, tokenizer=None, max_prompt_tokens: int | None = None,
+                  data_source: str = "chains") -> tuple[list, int]:
+    """(prompts, number dropped): `chain_prompt` of every record, minus those whose full prompt
+    (`proposer_prompt_text`, tokenised) is longer than max_prompt_tokens (the paper's prompt length, 2560;
+    like verl's filter_overlong_prompts). max_prompt_tokens needs the tokenizer."""
+    if max_prompt_tokens is not None and tokenizer is None:
+        raise ValueError("chain_prompts: max_prompt_tokens needs a tokenizer")
+    prompts, dropped = [], 0
+    for record in records:
+        prompt = chain_prompt(record, data_source)
+        if max_prompt_tokens is not None and len(tokenizer.encode(proposer_prompt_text(prompt, tokenizer))) > max_prompt_tokens:
+            dropped += 1
+            continue
+        prompts.append(prompt)
+    return prompts, dropped
+
+
+def chain_of(trajectory) -> dict:
+    """The chain record a proposer trajectory was prompted with (its prompt's metadata["chain"])."""
+    record = getattr(trajectory.prompt, "metadata", {}).get(CHAIN_METADATA_KEY)
+    if record is None:
+        raise ValueError(f"trajectory of prompt {trajectory.prompt.uid!r} has no metadata[{CHAIN_METADATA_KEY!r}]: "
+                         "proposer rewards need prompts built by searchjax.drfree.proposer.chain_prompt")
+    return record

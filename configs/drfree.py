@@ -1,0 +1,167 @@
+r"""Dr.Free proposer training: HRPO on the shortcut-aware information-gain reward (or Dr.Zero's difficulty reward).
+
+What it does: each step takes `prompts_per_step` chains of 1-3 hops from a chain pool, asks the policy (the
+proposer) for ONE question per chain, without searching (<think>/<question>/<answer>, prompt after the
+paper's Table 17), and rewards it with eq. 12: 0.2 * s_fmt + [s_fmt = 1 and grounded] * s_IG, where s_IG is
+tau * tanh(max(0, g) / tau) of the gain of the full chain evidence over the best shortcut (closed book,
+source passage, one retrieval, each hop passage) in a frozen anchor's answer log-likelihood (eqs. 3-7).
+Advantages are HRPO's (eq. 9): z-scores within each hop count of the batch. searchjax/drfree/selfplay.py
+and searchjax/rewards/information_gain.py have the details.
+
+Variants (`--config configs/drfree.py:<variant>`):
+  qwen2.5-3b-instruct (default ""), qwen2.5-7b-instruct, or any model preset of configs/search_r1.py: the
+    paper's proposer settings: 256 chains per step (one generation each), AdamW lr 1e-6 with 3 % warmup,
+    weight decay 0.01, grad clip 0.1, 50 steps, prompts up to 2560 tokens, no tool use. Needs a chain pool
+    (launch/build_chains.py over Wikidata5M + wiki-18) in chains.pool and the wiki-18 retriever of
+    configs/search_r1.py (retrieval.url) for the retrieval shortcut. Expected result (paper): the share of
+    questions with positive gain and the mean IG rise over the 50 steps while source-passage and hop
+    shortcuts win less often (metrics reward/ig/*). Run time: hours on 8 GPUs.
+  quickstart: SmolLM2-135M-Instruct proposer on a pool of 24 chains (8 per hop count) built from the
+    synthetic world (searchjax.data.synthetic) into <workdir>/synthetic_chains, BM25 over the world's corpus,
+    the base model as anchor. A 135M model seldom writes a well-formed, grounded question about made-up
+    entities, so most rewards are the format term: this run shows the machinery, not the paper's gains.
+    About 10 minutes on 2 CPU cores.
+  quickstart_smoke: one tiny step of the quickstart (a pipeline check).
+
+Dr.Zero's difficulty reward instead of IG (the paper's ablation): --config.reward_fn=drzero_difficulty
+--config.eval_reward_fn=drzero_difficulty (n = difficulty.rollout.group_size = 5 solver rollouts per question).
+The anchor can be a trained solver instead of the base model: --config.anchor.path=<solver run>/hf/step_000200.
+
+  python -m launch.selfplay --config configs/drfree.py:quickstart --workdir /tmp/drfree_quickstart
+  python -m launch.selfplay --config configs/drfree.py:quickstart_smoke --workdir /tmp/drfree_smoke
+  python -m launch.selfplay --config configs/drfree.py:qwen2.5-7b-instruct --workdir ~/runs/drfree_proposer \
+      --config.chains.pool=~/chains/chains.jsonl --config.retrieval.url=http://127.0.0.1:8000
+"""
+
+import importlib.util
+import pathlib
+
+import ml_collections
+
+QUICK_VARIANTS = ("quickstart", "quickstart_smoke")
+DEFAULT_MODEL = "qwen2.5-3b-instruct"
+
+
+def _sibling_config(name: str, arg: str):
+    """get_config(arg) of configs/<name>.py, loaded by file path (works whatever the working directory)."""
+    path = pathlib.Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"searchjax_configs_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+def chains_section(pool: str) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.pool = pool  # chains.jsonl of launch/build_chains.py, or "synthetic" (built under synthetic_dir)
+    c.synthetic_dir = ""  # where the synthetic pool is written ("" = <workdir>/synthetic_chains)
+    c.n_per_hop = 8  # synthetic pool: chains per hop count (1, 2, 3)
+    c.seed = 0  # synthetic pool: world and sampling seed
+    c.max_prompt_tokens = 2560  # chains whose proposer prompt is longer are dropped (paper: prompt length 2560)
+    c.eval_chains = 64  # chains held out for evaluation, round-robin over hop counts
+    return c
+
+
+def frozen_model_section() -> ml_collections.ConfigDict:
+    """A frozen model (selfplay.frozen_model): "" = a copy of the initial policy (the base model)."""
+    c = ml_collections.ConfigDict()
+    c.path = ""  # "" = base model; else HF dir / .gguf / "smollm2", e.g. a solver's <workdir>/hf/step_XXXXXX
+    c.tokenizer = ""  # tokenizer location if not the model's own ("" = path)
+    c.dtype = "bfloat16"  # compute dtype of a model loaded from path
+    return c
+
+
+def information_gain_section() -> ml_collections.ConfigDict:
+    """searchjax.rewards.information_gain.IGConfig, field for field."""
+    c = ml_collections.ConfigDict()
+    c.tau = 3.0  # eq. 7: s_IG = tau * tanh(max(0, g) / tau)
+    c.format_weight = 0.2  # eq. 12's lambda
+    c.retrieval_topk = 3  # passages of the one-retrieval shortcut (and of eq. 4's full context)
+    c.leave_out = ()  # Table 3 leave-one-out: any of "closed_book", "source", "retrieval", "hop"
+    c.template = "{context}\n\nQuestion: {question}\nAnswer:"  # anchor prompt (searchjax.scoring's default)
+    c.answer_prefix = " "  # text between the anchor prompt and the answer
+    c.max_length = 2048  # anchor prompts longer than this lose tokens from the left
+    c.max_tokens_per_call = 16384  # padded tokens per jitted anchor call (memory knob)
+    return c
+
+
+def difficulty_section(solver_rollout: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Dr.Zero's difficulty reward (reward_fn=drzero_difficulty): the solver and its rollout settings."""
+    c = ml_collections.ConfigDict()
+    c.solver = frozen_model_section()  # Dr.Zero: the solver starts from the same base model
+    c.rollout = ml_collections.ConfigDict(solver_rollout.to_dict())  # RolloutConfig of the solver's search rollouts
+    c.rollout.group_size = 5  # n: solver rollouts per proposed question
+    c.rollout.search = True
+    return c
+
+
+def get_config(arg: str = ""):
+    quick = arg in QUICK_VARIANTS
+    if quick:  # configs/quickstart.py (SmolLM2 on CPU), or its one-step smoke variant
+        config = _sibling_config("quickstart", "smoke" if arg == "quickstart_smoke" else "")
+    else:
+        try:
+            config = _sibling_config("search_r1", arg or DEFAULT_MODEL)
+        except ValueError:
+            raise ValueError(f"configs/drfree.py: unknown variant {arg!r}; valid: {QUICK_VARIANTS} or a model preset "
+                             "of configs/search_r1.py") from None
+    solver_rollout = ml_collections.ConfigDict(config.rollout.to_dict())  # the solver's (Search-R1) rollout settings
+    del config.data  # prompts come from the chain pool (config.chains)
+
+    # The paper's proposer settings.
+    config.total_steps = 50  # proposer RL steps
+    config.prompts_per_step = 256  # chains per step, one proposal each
+    config.rollout_fn = "drfree_proposer"  # selfplay.proposer_rollout: single turn, no tool
+    config.rollout.group_size = 1  # one generation per prompt: HRPO's baseline is the hop group
+    config.rollout.max_turns = 0  # no searching turns
+    config.rollout.search = False  # no tool use
+    config.rollout.max_new_tokens_per_turn = 512  # proposer reply budget (ours; think + question + answer)
+    config.rollout.max_cache_len = 4096 + 512  # a 2560-token prompt pads to 4096 slots, + the reply
+    config.reward_fn = "drfree_information_gain"  # eq. 12 with the anchor's IG; or drzero_difficulty
+    config.eval_reward_fn = "drfree_information_gain"  # greedy proposals on held-out chains, same reward
+    config.advantage.estimator = "hrpo"  # eq. 9: z-scores per hop count across the batch
+    config.optim.learning_rate = 1e-6
+    config.optim.warmup_steps = 2  # 3 % of the 50 optimizer updates = 1.5, rounded up
+    config.optim.weight_decay = 0.01
+    config.optim.max_grad_norm = 0.1
+    config.batch.mini_batch_size = 256  # one optimizer update per step
+    config.batch.micro_batch_size = 16  # trajectories per accumulation chunk (memory knob)
+    config.batch.prompt_buckets = (512, 1024, 2048, 2560)  # prompt length <= 2560
+    config.batch.response_buckets = (128, 256, 512)
+    config.eval.every = 10  # evaluate the greedy proposer on held-out chains every this many steps
+    config.eval.num_prompts = 64  # = chains.eval_chains
+
+    config.chains = chains_section("~/chains/chains.jsonl")
+    config.anchor = frozen_model_section()  # the IG anchor: the base model at first, later a solver checkpoint
+    config.information_gain = information_gain_section()
+    config.difficulty = difficulty_section(solver_rollout)
+    if not quick:
+        return config
+
+    # CPU quickstart: the synthetic world's chains, the SmolLM2 policy as proposer and anchor.
+    config.chains.pool = "synthetic"
+    config.chains.eval_chains = 3
+    config.anchor.dtype = "float32"
+    config.difficulty.solver.dtype = "float32"
+    config.total_steps = 4
+    config.prompts_per_step = 6  # two chains per hop count on average
+    config.rollout.max_new_tokens_per_turn = 128
+    config.rollout.max_cache_len = 1024 + 128  # synthetic chain prompts pad to <= 1024 slots
+    config.optim.warmup_steps = 0
+    config.batch.mini_batch_size = 6
+    config.batch.micro_batch_size = 2
+    config.batch.prompt_buckets = (512, 1024)
+    config.batch.response_buckets = (128,)
+    config.eval.every = 4
+    config.eval.num_prompts = 3
+    config.information_gain.max_tokens_per_call = 8192  # smaller jitted calls on CPU
+    if arg == "quickstart_smoke":
+        config.total_steps = 1
+        config.prompts_per_step = 3
+        config.rollout.max_new_tokens_per_turn = 32
+        config.rollout.max_cache_len = 1024 + 32
+        config.batch.mini_batch_size = 3
+        config.batch.micro_batch_size = 1
+        config.batch.response_buckets = (32,)
+        config.eval.every = 1
+    return config

@@ -1,0 +1,351 @@
+"""Dense faiss indexes (Flat IP, HNSW, IVF-PQ + exact refine), index directories with a manifest, and
+the cached embedded-default indexes.
+
+Dense scores are inner products of L2-normalised embeddings, i.e. cosine similarity (Search-R1 serves
+e5-base-v2 with faiss `Flat` inner product). Approximate kinds trade recall for speed on CPU:
+
+- "flat":  IndexFlatIP, exact.
+- "hnsw":  IndexHNSWFlat (M neighbours per node), searched with efSearch candidates.
+- "ivfpq": IndexIVFPQ (nlist k-means cells, m sub-quantisers of nbits) probed in nprobe cells for
+           k * k_factor candidates by PQ distance, then re-ranked exactly by IndexRefineFlat.
+
+An index directory holds manifest.json, the index files and (unless built over an external corpus
+file) corpus.jsonl. The manifest records the retriever kind, index type, encoder description, dims,
+passage count and the corpus fingerprint (sha256 over ids and contents); `open_index` checks all of
+them against what it loads and against the encoder / corpus the caller expects, and refuses a
+mismatch with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Sequence
+
+import numpy as np
+
+from retrieval.bm25 import BM25Index
+from retrieval.corpus import (Hit, Passage, atomic_write_text, corpus_fingerprint, default_corpus,
+                              read_jsonl_corpus, write_jsonl_corpus)
+
+MANIFEST = "manifest.json"
+FORMAT = "searchjax-index/1"
+DENSE_KINDS = ("flat", "hnsw", "ivfpq")
+# Encoder fields that define the embedding space: any difference makes stored vectors meaningless.
+_ENCODER_IDENTITY = ("name", "kind", "dim", "pooling", "normalize", "query_prefix", "passage_prefix", "task",
+                     "append_token")
+
+
+class IndexMismatchError(ValueError):
+    """An index directory does not match the encoder or corpus it is being used with."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseIndexConfig:
+    """Which faiss index to build and how to search it."""
+
+    kind: str = "flat"                 # "flat" | "hnsw" | "ivfpq"
+    hnsw_m: int = 32                   # graph degree
+    hnsw_ef_construction: int = 80     # candidate list while inserting
+    hnsw_ef_search: int = 64           # candidate list while searching (>= topk)
+    ivf_nlist: int = 0                 # k-means cells; 0 = min(4 sqrt(N), N / 39) (faiss wants >= 39 points/cell)
+    ivf_nprobe: int = 16               # cells visited per query
+    pq_m: int = 0                      # sub-quantisers; 0 = dim / 8 (8 dims each)
+    pq_nbits: int = 0                  # bits per sub-quantiser code; 0 = 8, fewer below 39 * 256 vectors
+                                       # (k-means wants >= 39 training points per centroid)
+    refine_k_factor: int = 4           # PQ candidates re-ranked exactly: topk * refine_k_factor
+    train_size: int = 65536            # vectors sampled to train IVF centroids and PQ codebooks
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.kind not in DENSE_KINDS:
+            raise ValueError(f"DenseIndexConfig.kind must be one of {DENSE_KINDS}, got {self.kind!r}")
+
+
+def build_faiss(vectors: np.ndarray, config: DenseIndexConfig):
+    """A faiss index over `vectors` [N, D] float32 (inner-product metric), with search parameters applied."""
+    import faiss
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    n, d = vectors.shape
+    if config.kind == "flat":
+        index = faiss.IndexFlatIP(d)
+    elif config.kind == "hnsw":
+        index = faiss.IndexHNSWFlat(d, config.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = config.hnsw_ef_construction
+    else:
+        nlist = config.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
+        pq_m = config.pq_m or max(1, d // 8)
+        if d % pq_m:
+            raise ValueError(f"pq_m={pq_m} must divide the embedding dimension {d}")
+        nbits = config.pq_nbits or int(min(8, max(1, math.floor(math.log2(max(n, 2) / 39)))))
+        ivf = faiss.IndexIVFPQ(faiss.IndexFlatIP(d), d, nlist, pq_m, nbits, faiss.METRIC_INNER_PRODUCT)
+        index = faiss.IndexRefineFlat(ivf)
+        rng = np.random.default_rng(config.seed)
+        train = vectors if n <= config.train_size else vectors[rng.choice(n, config.train_size, replace=False)]
+        index.train(train)
+    index.add(vectors)
+    apply_search_params(index, config)
+    return index
+
+
+def apply_search_params(index, config: DenseIndexConfig) -> None:
+    """Set efSearch / nprobe / k_factor on a built or loaded index (faiss does not keep all of them on disk)."""
+    import faiss
+    if config.kind == "hnsw":
+        index.hnsw.efSearch = config.hnsw_ef_search
+    elif config.kind == "ivfpq":
+        faiss.extract_index_ivf(index).nprobe = config.ivf_nprobe
+        index.k_factor = config.refine_k_factor
+
+
+@dataclasses.dataclass
+class DenseIndex:
+    """Passages, their faiss index and the encoder that embeds queries into the same space."""
+
+    passages: list[Passage]
+    encoder: object                   # TextEncoder | DecoderEmbedder: .encode(texts, is_query), .describe()
+    faiss_index: object
+    config: DenseIndexConfig
+    kind: str = "dense"
+
+    @classmethod
+    def build(cls, passages: Sequence[Passage], encoder, config: DenseIndexConfig = DenseIndexConfig(), *,
+              progress: bool = False, chunk: int = 512) -> "DenseIndex":
+        """Embed every passage's `contents` (with the encoder's passage prefix) and index them."""
+        passages = list(passages)
+        if not passages:
+            raise ValueError("DenseIndex.build: no passages to index")
+        vectors = encode_passages(encoder, passages, progress=progress, chunk=chunk)
+        return cls.from_vectors(passages, encoder, vectors, config)
+
+    @classmethod
+    def from_vectors(cls, passages: Sequence[Passage], encoder, vectors: np.ndarray,
+                     config: DenseIndexConfig = DenseIndexConfig()) -> "DenseIndex":
+        """Index precomputed passage embeddings [N, D] (rows in passage order, made by `encoder`)."""
+        passages = list(passages)
+        if vectors.shape != (len(passages), encoder.dim):
+            raise ValueError(f"vectors have shape {vectors.shape}, expected ({len(passages)}, {encoder.dim})")
+        return cls(passages, encoder, build_faiss(vectors, config), config)
+
+    @property
+    def size(self) -> int:
+        return len(self.passages)
+
+    def search(self, queries: Sequence[str], topk: int) -> list[list[Hit]]:
+        """For each query, the `topk` passages of highest inner product, best first."""
+        if isinstance(queries, str):
+            raise TypeError("DenseIndex.search takes a list of queries, got a single string")
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        if not queries:
+            return []
+        q = self.encoder.encode(list(queries), is_query=True)
+        return self.search_vectors(q, topk)
+
+    def search_vectors(self, q: np.ndarray, topk: int) -> list[list[Hit]]:
+        scores, ids = self.faiss_index.search(np.ascontiguousarray(q, np.float32), min(topk, self.size))
+        return [[Hit.from_passage(self.passages[int(i)], float(s)) for i, s in zip(row_i, row_s) if i >= 0]
+                for row_i, row_s in zip(ids, scores)]
+
+
+def encode_passages(encoder, passages: Sequence[Passage], *, progress: bool = False, chunk: int = 512) -> np.ndarray:
+    """[N, D] float32 passage embeddings, encoded `chunk` passages at a time (tqdm bar when progress)."""
+    from tqdm import tqdm
+    out = np.empty((len(passages), encoder.dim), np.float32)
+    with tqdm(total=len(passages), desc=f"encoding with {encoder.describe()['name']}", unit="passage",
+              disable=not progress) as bar:
+        for start in range(0, len(passages), chunk):
+            part = passages[start:start + chunk]
+            out[start:start + len(part)] = encoder.encode([p.contents for p in part], is_query=False)
+            bar.update(len(part))
+    return out
+
+
+# --- index directories ---------------------------------------------------------------------------------
+
+
+def save_index(index: BM25Index | DenseIndex, directory: str | os.PathLike, *,
+               corpus_path: str | os.PathLike | None = None, overwrite: bool = False) -> pathlib.Path:
+    """Write `index` to `directory` atomically (a temporary sibling renamed into place).
+
+    The corpus is copied in as corpus.jsonl unless `corpus_path` names an existing jsonl holding
+    exactly the index's passages (for a 21M-passage wiki-18, which should not be copied).
+    An existing directory is replaced only with overwrite=True.
+    """
+    import faiss
+    directory = pathlib.Path(directory)
+    if directory.exists() and not overwrite:
+        raise FileExistsError(f"{directory} exists; pass overwrite=True to replace it")
+    fingerprint = corpus_fingerprint(index.passages)
+    manifest = {"format": FORMAT, "retriever": index.kind, "num_passages": len(index.passages),
+                "corpus_fingerprint": fingerprint}
+    if corpus_path is not None:
+        corpus_path = pathlib.Path(corpus_path).resolve()
+        if corpus_fingerprint(read_jsonl_corpus(corpus_path)) != fingerprint:
+            raise IndexMismatchError(f"corpus_path {corpus_path} does not hold the index's passages")
+        manifest["corpus_file"] = str(corpus_path)
+    else:
+        manifest["corpus_file"] = "corpus.jsonl"
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        if corpus_path is None:
+            write_jsonl_corpus(index.passages, tmp / "corpus.jsonl")
+        if isinstance(index, BM25Index):
+            index.save(tmp / "bm25")
+            manifest.update(index_type="bm25", encoder=None, dims=None,
+                            params={"k1": index.k1, "b": index.b, "stopwords": index.stopwords})
+        else:
+            faiss.write_index(index.faiss_index, str(tmp / "index.faiss"))
+            manifest.update(index_type=index.config.kind, encoder=index.encoder.describe(),
+                            dims=int(index.faiss_index.d), params=dataclasses.asdict(index.config))
+        atomic_write_text(tmp / MANIFEST, lambda f: json.dump(manifest, f, indent=2))
+        _replace_dir(tmp, directory, overwrite)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return directory
+
+
+def _replace_dir(tmp: pathlib.Path, directory: pathlib.Path, overwrite: bool) -> None:
+    if directory.exists():
+        if not overwrite:
+            raise FileExistsError(f"{directory} appeared while building; not replacing it")
+        trash = directory.with_name(f".{directory.name}.old-{os.getpid()}")
+        os.rename(directory, trash)
+        os.rename(tmp, directory)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(tmp, directory)
+
+
+def read_manifest(directory: str | os.PathLike) -> dict:
+    """The manifest of an index directory, with a clear error when it is missing or malformed."""
+    path = pathlib.Path(directory) / MANIFEST
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: {directory} is not a searchjax index directory "
+                                "(build one with launch/build_index.py)")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg})") from None
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    for field in ("retriever", "index_type", "num_passages", "corpus_fingerprint", "corpus_file"):
+        if field not in manifest:
+            raise ValueError(f"{path}: missing field {field!r}")
+    return manifest
+
+
+def check_encoder(manifest_encoder: dict, encoder_description: dict, where: str) -> None:
+    """Refuse an encoder whose embedding space differs from the one the index was built with."""
+    diffs = [f"{k}: index has {manifest_encoder.get(k)!r}, encoder has {encoder_description.get(k)!r}"
+             for k in _ENCODER_IDENTITY if manifest_encoder.get(k) != encoder_description.get(k)]
+    if diffs:
+        raise IndexMismatchError(f"{where}: the index was built with another encoder; " + "; ".join(diffs))
+
+
+def open_index(directory: str | os.PathLike, *, encoder=None, corpus: Sequence[Passage] | str | os.PathLike | None = None,
+               config: DenseIndexConfig | None = None) -> BM25Index | DenseIndex:
+    """Load an index directory, validating its manifest.
+
+    Refused with IndexMismatchError: a corpus file whose fingerprint differs from the manifest's; a
+    `corpus` (passages or jsonl path) other than the one indexed; an `encoder` whose description
+    (name, dims, pooling, prefixes) differs from the manifest's; a faiss index whose size or dims
+    disagree with the manifest. Without `encoder`, a dense index loads the encoder named in its
+    manifest (from its recorded path). `config` overrides the stored search parameters
+    (efSearch, nprobe, k_factor) of the same index kind.
+    """
+    directory = pathlib.Path(directory)
+    manifest = read_manifest(directory)
+    where = str(directory / MANIFEST)
+    corpus_file = pathlib.Path(manifest["corpus_file"])
+    corpus_file = corpus_file if corpus_file.is_absolute() else directory / corpus_file
+    if not corpus_file.exists():
+        raise FileNotFoundError(f"{where}: corpus file {corpus_file} not found")
+    passages = read_jsonl_corpus(corpus_file)
+    if corpus_fingerprint(passages) != manifest["corpus_fingerprint"]:
+        raise IndexMismatchError(f"{where}: corpus file {corpus_file} has changed since the index was built "
+                                 "(corpus fingerprint differs); rebuild the index")
+    if corpus is not None:
+        expected = read_jsonl_corpus(corpus) if isinstance(corpus, (str, os.PathLike)) else list(corpus)
+        if corpus_fingerprint(expected) != manifest["corpus_fingerprint"]:
+            raise IndexMismatchError(f"{where}: the index was built over another corpus ({manifest['num_passages']} "
+                                     f"passages, fingerprint {manifest['corpus_fingerprint'][:12]}) than the one "
+                                     f"given ({len(expected)} passages, fingerprint "
+                                     f"{corpus_fingerprint(expected)[:12]})")
+    if manifest["retriever"] == "bm25":
+        if encoder is not None:
+            raise IndexMismatchError(f"{where}: a BM25 index takes no encoder, got {encoder.describe()['name']!r}")
+        return BM25Index.load(directory / "bm25", passages)
+    if manifest["retriever"] != "dense" or manifest["index_type"] not in DENSE_KINDS:
+        raise ValueError(f"{where}: unknown retriever/index_type {manifest['retriever']}/{manifest['index_type']}")
+    if encoder is None:
+        encoder = load_encoder_from_description(manifest["encoder"], where)
+    check_encoder(manifest["encoder"], encoder.describe(), where)
+    import faiss
+    index = faiss.read_index(str(directory / "index.faiss"))
+    if index.ntotal != len(passages) or index.d != manifest["dims"]:
+        raise IndexMismatchError(f"{where}: index.faiss holds {index.ntotal} vectors of dim {index.d}, manifest "
+                                 f"says {len(passages)} passages of dim {manifest['dims']}")
+    stored = DenseIndexConfig(**manifest["params"])
+    if config is not None and config.kind != stored.kind:
+        raise IndexMismatchError(f"{where}: index is {stored.kind!r}, config asks for {config.kind!r}")
+    config = config or stored
+    apply_search_params(index, config)
+    return DenseIndex(passages, encoder, index, config)
+
+
+def load_encoder_from_description(description: dict, where: str = "manifest"):
+    """Reload the encoder a manifest describes (BERT-family: from its recorded path and preset)."""
+    from searchjax.models import encoder as enc
+    if description.get("kind") == "bert":
+        enc_obj = enc.load_encoder(description.get("path"), preset=description.get("preset"))
+    elif description.get("kind") == "decoder":
+        enc_obj = enc.load_decoder_embedder(description["path"], name=description["name"],
+                                            task=description["task"], append_token=description["append_token"],
+                                            max_length=description["max_length"])
+    else:
+        raise ValueError(f"{where}: unknown encoder kind {description.get('kind')!r}")
+    return enc_obj
+
+
+# --- the embedded-default indexes -----------------------------------------------------------------------
+
+_DEFAULT_INDEXES: dict[tuple[str, str], BM25Index | DenseIndex] = {}
+
+
+def default_index(kind: str = "bm25", *, index_type: str = "flat", progress: bool = False) -> BM25Index | DenseIndex:
+    """The embedded-default corpus index: "bm25", or "dense" (all-MiniLM-L6-v2, faiss `index_type`).
+
+    Built on first use and cached under <cache>/indexes/ (atomic, so concurrent builders are safe);
+    kept in memory per process. The dense build encodes 10,033 passages: minutes on a small CPU.
+    """
+    from searchjax.data import assets
+    if kind not in ("bm25", "dense"):
+        raise ValueError(f"default_index kind must be 'bm25' or 'dense', got {kind!r}")
+    key = (kind, "bm25" if kind == "bm25" else index_type)
+    if key in _DEFAULT_INDEXES:
+        return _DEFAULT_INDEXES[key]
+    passages = default_corpus()
+    name = "default-bm25" if kind == "bm25" else f"default-dense-all-minilm-l6-v2-{index_type}"
+    directory = assets.cache_dir() / "indexes" / name
+    if directory.exists():
+        index = open_index(directory, corpus=passages)
+    else:
+        if kind == "bm25":
+            index = BM25Index.build(passages)
+        else:
+            from searchjax.models.encoder import load_encoder
+            index = DenseIndex.build(passages, load_encoder(), DenseIndexConfig(kind=index_type), progress=progress)
+        try:
+            save_index(index, directory)
+        except FileExistsError:   # another process finished first; its index is equivalent
+            pass
+    _DEFAULT_INDEXES[key] = index
+    return index

@@ -1,0 +1,195 @@
+"""Benchmark: Dr.Free's IG proposer reward vs Dr.Zero's difficulty reward, and the whole proposer step with each.
+
+    python -m launch.benchmark --only=drfree [--iters=3] [--quick]
+
+Same models, same batch, measured in one process (calls interleaved, so load from other processes hits
+both sides alike): SmolLM2-135M-Instruct (float32) is the proposer, the IG anchor and the difficulty
+solver; the chains are the quickstart's synthetic pool (configs/drfree.py:quickstart, 8 chains per hop
+count, written to a temporary directory) with BM25 over the synthetic corpus as the retriever.
+
+1. Reward time per proposer question. The batch: B = the quickstart's prompts_per_step (6; quick: 3)
+   chains, round-robin over hop counts, each with a templated well-formed, grounded reply ("What is the
+   r_h of the ... r_1 of e_0?" -> e_h), so both rewards do their full work on every question:
+     * IG (eq. 12): one retrieval call + one `answer_logliks` call over every context of the batch;
+     * difficulty: n = 5 multi-turn search rollouts per question in one `rollout` call, with the solver
+       rollout settings of configs/drfree.py: the quickstart's (2 searching turns x 64 tokens, 192-token
+       observations, top-2) and, unless --quick, the paper variant's (Search-R1's: 4 turns x 500 tokens,
+       500-token observations, top-3).
+   Median seconds per call / B; the first call (compilation) is reported apart. Goal: difficulty / IG >= 5.
+2. The whole proposer update step (proposer generation, reward, old log-probs, update) through
+   `searchjax.rl.loop.train` with each reward on the quickstart config (B prompts, 128-token replies,
+   quickstart solver settings), real SmolLM2 generation: median over the steps after the first
+   (which compiles). Reported without a goal; the share of proposals each reward actually scored is
+   reported next to it (a 135M proposer rarely writes a gated question, so IG scores few).
+
+The paper's 7.37-9.61x is per update and also includes Dr.Zero's live proposer-side search, which ours
+does not do.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import statistics
+import tempfile
+import time
+
+from searchjax.bench.common import BenchArgs, block
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _config(variant: str):
+    spec = importlib.util.spec_from_file_location("searchjax_configs_drfree", REPO / "configs" / "drfree.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(variant)
+
+
+def templated_reply(record: dict) -> str:
+    """A well-formed proposer reply for a chain: "What is the r_h of the r_(h-1) of ... of e_0?" -> e_h."""
+    relations = [r["label"] for r in reversed(record["relations"])]
+    question = "What is the " + " of the ".join(relations) + f" of {record['entities'][0]['label']}?"
+    return (f"<think>Follow the chain from {record['entities'][0]['label']}.</think>\n<question>{question}"
+            f"</question>\n<answer>{record['answer']}</answer>")
+
+
+def gated_batch(records: list[dict], size: int) -> list[dict]:
+    """`size` chains round-robin over hop counts whose templated reply passes eq. 12's gate."""
+    from searchjax.rewards.information_gain import check_proposal
+    by_hops: dict[int, list[dict]] = {}
+    for r in records:
+        if check_proposal(templated_reply(r), r).gated:
+            by_hops.setdefault(r["hops"], []).append(r)
+    queues = [list(reversed(v)) for _, v in sorted(by_hops.items())]
+    out: list[dict] = []
+    while len(out) < size and any(queues):
+        for q in queues:
+            if q and len(out) < size:
+                out.append(q.pop())
+    if len(out) < size:
+        raise ValueError(f"only {len(out)} chains have a gated templated reply; need {size}")
+    return out
+
+
+def _trajectories(records: list[dict], tokenizer) -> list:
+    from searchjax.agent.rollout import Trajectory
+    from searchjax.drfree.proposer import chain_prompt
+    out = []
+    for r in records:
+        text = templated_reply(r)
+        ids = tokenizer.encode(text)
+        out.append(Trajectory(prompt=chain_prompt(r), sample_index=0, prompt_ids=[0], response_ids=ids,
+                              loss_mask=[1] * len(ids), sampler_logprobs=[0.0] * len(ids), response_text=text,
+                              queries=[], doc_ids=[], retrieved=[], answer=r["answer"], num_searches=0,
+                              duplicate_queries=0, forced_termination=False, valid_answer=True))
+    return out
+
+
+def _interleaved(fns: dict, iters: int) -> dict[str, list[float]]:
+    times = {name: [] for name in fns}
+    for _ in range(iters):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            block(fn())
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def _update_step_rows(config, components_fn, reward_name: str, steps: int, workdir: pathlib.Path) -> dict:
+    """Run `steps` proposer steps with reward `reward_name`; medians of the time/* metrics after step 1."""
+    from searchjax.drfree import selfplay
+    config = config.copy_and_resolve_references()
+    config.reward_fn = config.eval_reward_fn = reward_name
+    config.total_steps = steps
+    config.eval.every = 0
+    config.checkpoint.every = 0
+    config.logging.trajectories_per_step = 0
+    config.logging.progress_bar = False
+    selfplay.train_proposer(config, workdir, components=components_fn())
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()][1:]
+    med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
+    scored = "reward/ig/scored" if reward_name == selfplay.IG_REWARD else "reward/difficulty/questions"
+    return {"step_s": med("time/step"), "rollout_s": med("time/rollout"), "reward_s": med("time/reward"),
+            "old_logprob_s": med("time/old_logprob"), "update_s": med("time/update"),
+            "questions_scored": med(scored), "steps_timed": len(rows)}
+
+
+def run(args: BenchArgs) -> list[dict]:
+    import jax
+    import jax.numpy as jnp
+
+    from retrieval.bm25 import BM25Index
+    from retrieval.client import InProcessRetriever
+    from retrieval.corpus import read_jsonl_corpus
+    from searchjax.agent.rollout import RolloutConfig
+    from searchjax.drfree import selfplay
+    from searchjax.drfree.proposer import chain_prompts
+    from searchjax.models import load_pretrained
+    from searchjax.rewards.difficulty import make_difficulty_reward
+    from searchjax.rewards.information_gain import make_information_gain_reward
+    from searchjax.rl.loop import Components
+    from searchjax.rl.setup import resolve_model_path
+    from searchjax.tokenization import load_tokenizer
+
+    config = _config("quickstart")
+    batch_size = 3 if args.quick else config.prompts_per_step
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_drfree_"))
+    records, corpus = selfplay.synthetic_chain_pool(tmp / "chains", n_per_hop=config.chains.n_per_hop,
+                                                    seed=config.chains.seed)
+    retriever = InProcessRetriever(BM25Index.build(read_jsonl_corpus(corpus)))
+    path = resolve_model_path(config.model.path)
+    model, params = load_pretrained(path, dtype="float32")
+    tokenizer = load_tokenizer(path)
+    trajectories = _trajectories(gated_batch(records, batch_size), tokenizer)
+
+    rewards = {"ig": make_information_gain_reward(model, params, tokenizer, retriever, selfplay.ig_config(config))}
+    solver_settings = {"difficulty_quickstart_solver": config.difficulty.rollout}
+    if not args.quick:
+        solver_settings["difficulty_paper_solver"] = _config("").difficulty.rollout
+    for name, section in solver_settings.items():
+        rewards[name] = make_difficulty_reward(model, params, tokenizer, retriever,
+                                               RolloutConfig(**section.to_dict()), base_seed=config.seed)
+    outputs, first = {}, {}
+    for name, fn in rewards.items():
+        start = time.perf_counter()
+        outputs[name] = fn(trajectories)
+        first[name] = time.perf_counter() - start
+    for _ in range(args.warmup):
+        for fn in rewards.values():
+            fn(trajectories)
+    times = _interleaved({name: (lambda fn=fn: fn(trajectories)) for name, fn in rewards.items()}, args.iters)
+
+    rows = []
+    ig_median = statistics.median(times["ig"])
+    for name in rewards:
+        median = statistics.median(times[name])
+        m = outputs[name].metrics
+        row = {"figure": "reward per proposer question", "reward": name, "batch": batch_size,
+               "median_s_per_question": median / batch_size, "min_s_per_question": min(times[name]) / batch_size,
+               "first_call_s": first[name], "x_vs_ig": median / ig_median}
+        if name == "ig":
+            row.update(anchor_contexts=m["ig/anchor_contexts"], questions_scored=m["ig/scored"])
+        else:
+            row.update(solver_rollouts=m["difficulty/solver_rollouts"], solve_rate=m["difficulty/solve_rate"],
+                       goal_5x_met=median / ig_median >= 5.0)
+        rows.append(row)
+
+    # 2. the whole proposer update step with each reward (real generation), on fresh copies of the policy
+    steps = 2 if args.quick else 1 + max(2, min(args.iters, 3))
+    quick_config = config.copy_and_resolve_references()
+    quick_config.prompts_per_step = batch_size
+    quick_config.batch.mini_batch_size = batch_size
+    quick_config.batch.micro_batch_size = 1 if batch_size % 2 else 2
+    prompts, _ = chain_prompts(records, tokenizer=tokenizer, max_prompt_tokens=config.chains.max_prompt_tokens)
+
+    def components():
+        return Components(model=model, params=jax.tree.map(jnp.copy, params), tokenizer=tokenizer,
+                          retriever=retriever, train_prompts=prompts, eval_prompts=[])
+
+    for name, reward_name in (("ig", selfplay.IG_REWARD), ("difficulty_quickstart_solver", selfplay.DIFFICULTY_REWARD)):
+        step = _update_step_rows(quick_config, components, reward_name, steps, tmp / f"run_{name}")
+        rows.append({"figure": "whole proposer update step", "reward": name, "batch": batch_size, **step})
+    rows[0]["jax_backend"] = jax.default_backend()
+    return rows

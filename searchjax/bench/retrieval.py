@@ -1,0 +1,208 @@
+"""Retrieval benchmark suite: encoder throughput, ANN recall/QPS, server latency, default-corpus recall.
+
+  python -m launch.benchmark --only=retrieval            # full run (encodes the default corpus once, cached)
+  python -m launch.benchmark --only=retrieval --quick    # small shapes, a smoke run
+
+Rows (each figure next to its reference from the same run):
+- encoder: our JAX all-MiniLM-L6-v2 passages/s vs sentence-transformers (torch) on the same passages and
+  CPU; goal ratio >= 1.
+- ann/default-corpus and ann/synthetic-200k: HNSW and IVF-PQ + exact refine, recall@10 against faiss
+  Flat and queries/s relative to Flat; goal on the 200k clustered set: recall >= 0.95 at >= 5x Flat QPS.
+- server: /retrieve latency p50/p99 (one query per request, sequential) and requests/s with 32
+  concurrent clients, through uvicorn on loopback, over the dense default index.
+- recall@3: gold-article recall of BM25 and dense MiniLM over the full default corpus on the 75
+  default questions (and the 83 before deduplication); random retrieval for scale.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import statistics
+import time
+
+import numpy as np
+
+from searchjax.bench.common import BenchArgs, timeit
+
+
+def _encoder_rows(args: BenchArgs) -> list[dict]:
+    from sentence_transformers import SentenceTransformer
+
+    from retrieval.corpus import default_corpus
+    from searchjax.data import assets
+    from searchjax.models.encoder import load_encoder
+    corpus = default_corpus()
+    n = 64 if args.quick else 256
+    rng = np.random.default_rng(0)
+    texts = [corpus[i].contents for i in rng.choice(len(corpus), n, replace=False)]
+    reference = SentenceTransformer(str(assets.minilm_dir()), device="cpu")
+    # Two bucketings of ours: powers of two (the default) and half octaves (less padding, twice the shapes).
+    encoders = {"ours buckets/octave=1": load_encoder(steps_per_octave=1),
+                "ours buckets/octave=2": load_encoder(steps_per_octave=2)}
+    calls = {"reference": lambda: reference.encode(texts, batch_size=32),
+             **{name: (lambda e=e: e.encode(texts)) for name, e in encoders.items()}}
+    first = {}
+    for name, fn in calls.items():      # first calls: ours compiles (or loads the persistent cache)
+        start = time.perf_counter()
+        out = fn()
+        first[name] = (time.perf_counter() - start, out)
+    times = {name: [] for name in calls}
+    for _ in range(max(2, args.iters // 2)):   # interleaved, so load changes on a shared host hit all alike
+        for name, fn in calls.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    ref_s = statistics.median(times["reference"])
+    rows = []
+    for name in encoders:
+        ours_s = statistics.median(times[name])
+        rows.append({"suite": "retrieval", "figure": "encoder passages/s", "variant": name, "passages": n,
+                     "ours_per_s": n / ours_s, "reference_per_s": n / ref_s, "ratio": ref_s / ours_s,
+                     "ours_compile_s": max(first[name][0] - ours_s, 0.0),
+                     "min_cosine": float(np.min(np.sum(first[name][1] * first["reference"][1], axis=1))),
+                     "reference": "sentence-transformers (torch CPU), batch 32", "goal": ">= 1x"})
+    return rows
+
+
+def _ann_rows(name: str, vectors: np.ndarray, queries: np.ndarray, configs: dict, k: int = 10) -> list[dict]:
+    """Flat as truth; each config's recall@k and QPS (all queries in one search call, median of 3).
+
+    faiss runs on one thread: its OpenMP threads spin-wait, and on a shared machine two of them ran 9x
+    slower than one; every index gets the same thread, so the ratios to Flat are what to read."""
+    import faiss
+    faiss.omp_set_num_threads(1)
+
+    from retrieval.index import DenseIndexConfig, build_faiss
+    flat = build_faiss(vectors, DenseIndexConfig(kind="flat"))
+    _, truth = flat.search(queries, k)
+    flat_s = timeit(lambda: flat.search(queries, k), warmup=0, iters=3)["median_s"]
+    rows = [{"suite": "retrieval", "figure": f"ann/{name}", "index": "flat", "vectors": len(vectors),
+             "queries": len(queries), "recall@10": 1.0, "qps": len(queries) / flat_s, "speedup_vs_flat": 1.0,
+             "build_s": 0.0, "faiss_threads": faiss.omp_get_max_threads()}]
+    for label, config in configs.items():
+        start = time.perf_counter()
+        index = build_faiss(vectors, config)
+        build_s = time.perf_counter() - start
+        _, found = index.search(queries, k)
+        recall = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(found, truth)]))
+        s = timeit(lambda: index.search(queries, k), warmup=0, iters=3)["median_s"]
+        rows.append({"suite": "retrieval", "figure": f"ann/{name}", "index": label, "vectors": len(vectors),
+                     "queries": len(queries), "recall@10": recall, "qps": len(queries) / s,
+                     "speedup_vs_flat": flat_s / s, "build_s": build_s,
+                     "faiss_threads": faiss.omp_get_max_threads()})
+    return rows
+
+
+def clustered_vectors(n: int, d: int, clusters: int, spread: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unit vectors drawn around `clusters` random unit centres: normalize(c + spread * N(0, I/d)).
+    Returns (data [n, d], centres [clusters, d]); queries are more draws from the same mixture."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((clusters, d)).astype(np.float32)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    x = centres[rng.integers(0, clusters, n)] + spread * rng.standard_normal((n, d)).astype(np.float32) / np.sqrt(d)
+    return x / np.linalg.norm(x, axis=1, keepdims=True), centres
+
+
+def _synthetic_ann_rows(args: BenchArgs) -> list[dict]:
+    from retrieval.index import DenseIndexConfig
+    n = 20_000 if args.quick else 200_000
+    data, centres = clustered_vectors(n + 1000, 384, clusters=max(20, n // 200), spread=1.0, seed=0)
+    vectors, queries = data[:n], data[n:]
+    configs = {"hnsw M=32 ef=64": DenseIndexConfig(kind="hnsw", hnsw_m=32, hnsw_ef_search=64),
+               "hnsw M=32 ef=128": DenseIndexConfig(kind="hnsw", hnsw_m=32, hnsw_ef_search=128),
+               "ivfpq nprobe=16 refine x4": DenseIndexConfig(kind="ivfpq", ivf_nlist=1024 if not args.quick else 128,
+                                                            ivf_nprobe=16, refine_k_factor=4),
+               "ivfpq nprobe=32 refine x8": DenseIndexConfig(kind="ivfpq", ivf_nlist=1024 if not args.quick else 128,
+                                                            ivf_nprobe=32, refine_k_factor=8)}
+    return _ann_rows(f"synthetic-{n // 1000}k", vectors, queries, configs)
+
+
+def _fanoutqa_queries(limit: int) -> list[str]:
+    from searchjax.data import assets
+    data = json.loads(assets.fanoutqa_dev_json().read_text())
+
+    def walk(node):
+        for sub in node.get("decomposition") or ():
+            yield sub["question"]
+            yield from walk(sub)
+    out = [q["question"] for q in data] + [s for q in data for s in walk(q)]
+    return list(dict.fromkeys(out))[:limit]
+
+
+def _default_corpus_rows(args: BenchArgs, dense) -> list[dict]:
+    from retrieval.index import DenseIndexConfig
+    vectors = dense.faiss_index.reconstruct_n(0, dense.faiss_index.ntotal)
+    queries = dense.encoder.encode(_fanoutqa_queries(200 if args.quick else 1000), is_query=True)
+    configs = {"hnsw M=32 ef=64": DenseIndexConfig(kind="hnsw"),
+               "ivfpq nprobe=16 refine x4": DenseIndexConfig(kind="ivfpq")}
+    return _ann_rows("default-corpus", vectors, queries, configs)
+
+
+def _recall_rows(dense) -> list[dict]:
+    from retrieval import default_index
+    from searchjax.data.default_questions import default_questions
+    rows = []
+    for dedup in (True, False):
+        questions = default_questions(deduplicate=dedup)
+        texts = [q.question for q in questions]
+        row = {"suite": "retrieval", "figure": "recall@3 full default corpus", "questions": len(questions)}
+        for name, index in (("bm25", default_index("bm25")), ("dense_minilm", dense)):
+            results = index.search(texts, 3)
+            row[name] = float(np.mean([any(h.title == q.gold_title for h in hits)
+                                       for hits, q in zip(results, questions)]))
+        row["random"] = 3 / dense.size
+        rows.append(row)
+    return rows
+
+
+def _server_rows(args: BenchArgs, index) -> list[dict]:
+    import httpx
+
+    from retrieval.server import serve_in_thread
+    queries = _fanoutqa_queries(400)
+    server = serve_in_thread(index)
+    try:
+        with httpx.Client(timeout=60) as http:
+            for q in queries[:10]:       # warm the encoder's shapes
+                http.post(f"{server.url}/retrieve", json={"queries": [q], "topk": 3})
+            latencies = []
+            for q in queries[:50 if args.quick else 300]:
+                start = time.perf_counter()
+                http.post(f"{server.url}/retrieve", json={"queries": [q], "topk": 3}).raise_for_status()
+                latencies.append(time.perf_counter() - start)
+
+        def client(c):
+            with httpx.Client(timeout=120) as http:
+                for r in range(5 if args.quick else 20):
+                    q = queries[(c * 20 + r) % len(queries)]
+                    http.post(f"{server.url}/retrieve", json={"queries": [q], "topk": 3}).raise_for_status()
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(32) as pool:
+            list(pool.map(client, range(32)))
+        concurrent_s = time.perf_counter() - start
+        stats = dict(server.app.state.batcher.stats)
+    finally:
+        server.stop()
+    requests = 32 * (5 if args.quick else 20)
+    return [{"suite": "retrieval", "figure": "server /retrieve (dense default, topk 3)",
+             "p50_ms": 1000 * statistics.median(latencies),
+             "p99_ms": 1000 * float(np.percentile(latencies, 99)), "sequential_requests": len(latencies),
+             "concurrent_requests_per_s": requests / concurrent_s, "concurrent_clients": 32,
+             "encoder_calls": stats.get("batches"), "requests_served": stats.get("requests")}]
+
+
+def run(args: BenchArgs) -> list[dict]:
+    from retrieval import default_index
+    rows = _encoder_rows(args)
+    rows += _synthetic_ann_rows(args)
+    dense = default_index("dense", progress=True)   # encodes the 10,033 passages once; cached on disk
+    rows += _default_corpus_rows(args, dense)
+    rows += _recall_rows(dense)
+    rows += _server_rows(args, dense)
+    return rows
+
+
+if __name__ == "__main__":
+    from searchjax.bench.common import format_table
+    print(format_table(run(BenchArgs())))

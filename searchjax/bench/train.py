@@ -1,0 +1,176 @@
+"""Benchmark suite "train": the RL update step against the same loss in transformers + torch, and one
+quickstart GRPO step end to end.
+
+  python -m launch.benchmark --only=train [--quick]
+
+Rows:
+  * update/jax and update/torch: one optimizer step of the Search-R1 policy loss (clipped surrogate with
+    ratio clip 0.2 + 0.001 x k3 KL, token-mean over response tokens, log-probs of logits / temperature,
+    global-norm clip 1.0, AdamW lr 1e-6) on SmolLM2-135M (float32) for 8 trajectories x 512 tokens
+    (128 prompt + 384 response). tokens/s = trajectories x tokens / median step time; peak_rss_gib is the
+    peak resident memory of a fresh process that ran only that side (so each side's figure is its own).
+    `ratio` on the jax row = jax tokens/s / torch tokens/s (goal >= 1).
+  * quickstart_step: configs/quickstart.py for 2 steps; per step, seconds in rollout, reward, old-logprob
+    recompute (plus the reference's) and update, from the loop's own time/* metrics. Step 1 includes
+    compilation (or persistent-cache loading); step 2 is steady state.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import resource
+import tempfile
+
+import numpy as np
+
+from searchjax.bench.common import BenchArgs, timeit
+
+TEMPERATURE, CLIP, KL_COEF, LR = 1.0, 0.2, 0.001, 1e-6
+
+
+def _shapes(quick: bool) -> tuple[int, int, int]:
+    """(trajectories, prompt tokens, response tokens)."""
+    return (2, 32, 96) if quick else (8, 128, 384)
+
+
+def _synthetic_batch(vocab: int, quick: bool, seed: int = 0) -> dict:
+    rows, p, r = _shapes(quick)
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(3, vocab, (rows, p + r)).astype(np.int32)
+    loss_mask = np.zeros((rows, p + r - 1), np.float32)
+    loss_mask[:, p - 1:] = 1.0
+    loss_mask[:, p - 1 + r // 2:p - 1 + r // 2 + 32] = 0.0  # a retrieved block inside the response
+    return {"input_ids": ids, "attention_mask": np.ones_like(ids, bool), "loss_mask": loss_mask,
+            "advantages": rng.standard_normal(rows).astype(np.float32)}
+
+
+def _peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # Linux: KiB
+
+
+def _jax_side(quick: bool, warmup: int, iters: int, queue) -> None:
+    from searchjax import runtime
+    runtime.enable_compilation_cache()
+    from searchjax.data import assets
+    from searchjax.models import load_pretrained
+    from searchjax.rl import batching, trainer
+    model, params = load_pretrained(assets.smollm2_gguf(), dtype="float32")
+    batch = _synthetic_batch(model.config.vocab_size, quick)
+    rows = len(batch["input_ids"])
+    logprob_fn = trainer.make_logprob_fn(model, TEMPERATURE)
+    old = trainer.batch_logprobs(logprob_fn, params, batch, rows)
+    batch["old_logprobs"] = old + np.random.default_rng(1).normal(0, 0.05, old.shape).astype(np.float32)
+    batch["ref_logprobs"] = old
+    optim = trainer.OptimConfig(learning_rate=LR, max_grad_norm=1.0)
+    cfg = trainer.LossConfig(temperature=TEMPERATURE, clip_low=CLIP, clip_high=CLIP, kl_coef=KL_COEF)
+    step = trainer.make_train_step(model, cfg, optim)
+    state = {"s": trainer.init_train_state(params, trainer.make_optimizer(optim), keep_reference=True)}
+    del params
+    stacked = batching.stack_micro_batches(batch, rows)
+
+    def run():
+        state["s"], metrics = step(state["s"], stacked)
+        return metrics
+    timing = timeit(run, warmup=warmup, iters=iters)
+    queue.put({**timing, "peak_rss_gib": _peak_rss_gib()})
+
+
+def _torch_side(quick: bool, warmup: int, iters: int, queue) -> None:
+    import torch
+    import transformers
+    from searchjax.data import assets
+    from searchjax.models import load_pretrained, save_pretrained
+    with tempfile.TemporaryDirectory() as tmp:
+        jax_model, jax_params = load_pretrained(assets.smollm2_gguf(), dtype="float32")
+        save_pretrained(jax_model, jax_params, tmp)  # the same weights, in HF format
+        vocab = jax_model.config.vocab_size
+        del jax_params
+        model = transformers.AutoModelForCausalLM.from_pretrained(tmp, torch_dtype=torch.float32)
+    model.train()
+    ref_model = None
+    batch = {k: torch.from_numpy(np.asarray(v)) for k, v in _synthetic_batch(vocab, quick).items()}
+    ids, mask = batch["input_ids"].long(), batch["attention_mask"].long()
+    loss_mask, adv = batch["loss_mask"], batch["advantages"][:, None]
+
+    def token_logprobs():
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float() / TEMPERATURE
+        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+
+    with torch.no_grad():
+        old = token_logprobs()
+    ref = old.clone()
+    old = old + torch.from_numpy(np.random.default_rng(1).normal(0, 0.05, tuple(old.shape)).astype(np.float32))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    del ref_model
+
+    def run():
+        optimizer.zero_grad(set_to_none=True)
+        logp = token_logprobs()
+        ratio = torch.exp(torch.clamp(logp - old, -20, 20))
+        pg = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - CLIP, 1 + CLIP))
+        d = torch.clamp(ref - logp, -20, 20)
+        kl = torch.clamp(torch.exp(d) - d - 1, -10, 10)
+        loss = ((pg + KL_COEF * kl) * loss_mask).sum() / loss_mask.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return loss.detach()
+    timing = timeit(run, warmup=warmup, iters=iters)
+    queue.put({**timing, "peak_rss_gib": _peak_rss_gib(), "torch_threads": torch.get_num_threads()})
+
+
+def _in_fresh_process(fn, *args) -> dict:
+    """Run fn(*args, queue) in a spawned process (its own peak memory, no JAX/torch cross-talk)."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    process = ctx.Process(target=fn, args=(*args, queue))
+    process.start()
+    result = queue.get()
+    process.join()
+    if process.exitcode != 0:
+        raise RuntimeError(f"{fn.__name__} exited with status {process.exitcode}")
+    return result
+
+
+def _quickstart_rows(quick: bool) -> list[dict]:
+    import importlib.util
+    import json
+    import pathlib
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("configs_quickstart", repo / "configs" / "quickstart.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config("smoke" if quick else "")
+    config.total_steps = 2
+    config.eval.every = 0
+    config.checkpoint.every = 0
+    config.logging.progress_bar = False
+    from searchjax.rl import loop
+    with tempfile.TemporaryDirectory() as workdir:
+        loop.train(config, workdir)
+        rows = [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+    out = []
+    for row in rows:
+        out.append({"name": f"quickstart_step{row['step']}", "rollout_s": row["time/rollout"],
+                    "reward_s": row["time/reward"], "old_logprob_s": row["time/old_logprob"],
+                    "update_s": row["time/update"], "step_s": row["time/step"],
+                    "trajectories": row["rollout/trajectories"], "response_tokens": row["rollout/response_length"]})
+    return out
+
+
+def run(args: BenchArgs) -> list[dict]:
+    rows_n, p, r = _shapes(args.quick)
+    tokens = rows_n * (p + r)
+    jax_t = _in_fresh_process(_jax_side, args.quick, args.warmup, args.iters)
+    torch_t = _in_fresh_process(_torch_side, args.quick, args.warmup, args.iters)
+    jax_tps, torch_tps = tokens / jax_t["median_s"], tokens / torch_t["median_s"]
+    rows = [
+        {"name": "update/jax", "trajectories": rows_n, "tokens": tokens, "median_s": jax_t["median_s"],
+         "compile_s": jax_t["compile_s"], "tokens_per_s": jax_tps, "peak_rss_gib": jax_t["peak_rss_gib"],
+         "ratio": jax_tps / torch_tps},
+        {"name": "update/torch", "trajectories": rows_n, "tokens": tokens, "median_s": torch_t["median_s"],
+         "tokens_per_s": torch_tps, "peak_rss_gib": torch_t["peak_rss_gib"], "threads": torch_t["torch_threads"],
+         "cpus": os.cpu_count()},
+    ]
+    return rows + _quickstart_rows(args.quick)

@@ -1,0 +1,255 @@
+r"""Dr.Free proposer training: chain prompts -> one proposal each (no search) -> anchor IG reward -> HRPO update.
+
+One proposer step, run by the trainer's host loop (`searchjax.rl.loop.train`) with three named parts:
+
+    rollout_fn  "drfree_proposer"          `proposer_rollout`: one generation per chain prompt (group_size 1),
+                                           a single turn without tools that stops at </answer>
+    reward_fn   "drfree_information_gain"  `searchjax.rewards.information_gain.information_gain_reward`
+                                           (eq. 12) with a frozen anchor
+              | "drzero_difficulty"        Dr.Zero's difficulty reward (`searchjax.rewards.difficulty`),
+                                           n = 5 multi-turn solver rollouts per question (the ablation)
+    advantage   "hrpo"                     Dr.Free eq. 9: z-scores within each hop count of the batch
+                                           (`searchjax.rl.loop.hrpo_estimator`, gathered across processes)
+
+Prompts come from a chain pool (`searchjax.drfree.chains`): `config.chains.pool` is a chains.jsonl built by
+launch/build_chains.py, or "synthetic" for a pool built here from the synthetic world
+(`searchjax.data.synthetic`, the offline stand-in for Wikidata5M + wiki-18). Each chain becomes one
+`chain_prompt` (its hop count rides on `Prompt.hops`, its record on `Prompt.metadata["chain"]`).
+
+The anchor (IG) and the solver (difficulty) are frozen models named by `config.anchor` / `config.difficulty.
+solver`: path "" is a frozen copy of the run's initial policy (the base model, the paper's first anchor);
+otherwise an HF directory or .gguf file, e.g. a solver checkpoint exported by the solver's run
+(`checkpoint.export_hf = True` writes <workdir>/hf/step_XXXXXX/), the paper's later anchor.
+
+  python -m launch.selfplay --config configs/drfree.py:quickstart --workdir /tmp/drfree_quickstart
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from searchjax import generation
+from searchjax.agent.rollout import END_ANSWER, END_EOS, END_TURNS, RolloutConfig, Trajectory, required_cache_len
+from searchjax.drfree.proposer import ANSWER_CLOSE, chain_prompts, parse_proposer_output, proposer_prompt_text
+from searchjax.eval.metrics import is_valid_answer
+
+log = logging.getLogger(__name__)
+
+PROPOSER_ROLLOUT = "drfree_proposer"
+IG_REWARD = "drfree_information_gain"
+DIFFICULTY_REWARD = "drzero_difficulty"
+_END_REASONS = {"stop": END_ANSWER, "eos": END_EOS, "length": END_TURNS}
+
+
+# ------------------------------------------------------------------------------------------------------
+# Rollout: one proposal per prompt, single turn, no tool
+# ------------------------------------------------------------------------------------------------------
+def proposer_rollout(model, params, tokenizer, prompts: Sequence, cfg: RolloutConfig, *, seed: int,
+                     logits_fn=None) -> list[Trajectory]:
+    """cfg.group_size proposals per chain prompt (HRPO: 1), prompt-major, as rollout Trajectories.
+
+    The prompt is the proposer's user message (`proposer_prompt_text`) rather than Search-R1's template;
+    decoding is one turn of cfg.max_new_tokens_per_turn tokens that stops at the first </answer> or EOS
+    (cfg.search must be False). The KV cache has cfg.max_cache_len slots (fixed across steps, so decode
+    compiles once). Every response token is the policy's (loss mask 1). `answer` is the proposed answer.
+    """
+    if cfg.search:
+        raise ValueError("proposer_rollout: the proposer does not search; set rollout.search=False")
+    if cfg.group_size < 1 or cfg.max_new_tokens_per_turn < 1:
+        raise ValueError(f"proposer_rollout: need group_size >= 1 and max_new_tokens_per_turn >= 1, got {cfg}")
+    prompts = list(prompts)
+    uids = [p.uid for p in prompts]
+    if not prompts or len(set(uids)) != len(uids):
+        raise ValueError(f"proposer_rollout: prompts must be non-empty with unique uids, got {uids[:10]}")
+    prompt_ids = [tokenizer.encode(proposer_prompt_text(p, tokenizer)) for p in prompts]
+    rows = [(i, g) for i in range(len(prompts)) for g in range(cfg.group_size)]
+    row_prompts = [prompt_ids[i] for i, _ in rows]
+    needed = required_cache_len(row_prompts, cfg)
+    if needed > cfg.max_cache_len:
+        raise ValueError(f"rollout.max_cache_len={cfg.max_cache_len} is too small for the proposer: padded prompt "
+                         f"({generation.prompt_bucket(row_prompts)}) + max_new_tokens_per_turn "
+                         f"({cfg.max_new_tokens_per_turn}) = {needed}")
+    session = generation.start(model, params, row_prompts, max_cache_len=cfg.max_cache_len, tokenizer=tokenizer,
+                               seed=seed, logits_fn=logits_fn)
+    _, outputs = generation.decode(session, cfg.max_new_tokens_per_turn, temperature=cfg.temperature,
+                                   top_p=cfg.top_p, top_k=cfg.top_k, stop=(ANSWER_CLOSE,))
+    trajectories = []
+    for (i, g), out in zip(rows, outputs):
+        ids = [int(t) for t in out.token_ids]
+        text = tokenizer.decode(ids)
+        answer = parse_proposer_output(text).answer
+        trajectories.append(Trajectory(
+            prompt=prompts[i], sample_index=g, prompt_ids=list(prompt_ids[i]), response_ids=ids, loss_mask=[1] * len(ids),
+            sampler_logprobs=[float(x) for x in out.logprobs], response_text=text, queries=[], doc_ids=[], retrieved=[],
+            answer=answer, num_searches=0, duplicate_queries=0, forced_termination=False,
+            valid_answer=is_valid_answer(answer), end_reason=_END_REASONS[out.stop_reason], num_turns=1))
+    return trajectories
+
+
+def proposer_rollout_fn(components, params, prompts: list, rollout_cfg: dict, seed: int) -> list:
+    """The loop's rollout signature (searchjax.rl.loop.ROLLOUT_FNS) around `proposer_rollout`."""
+    return proposer_rollout(components.model, params, components.tokenizer, prompts, RolloutConfig(**rollout_cfg),
+                            seed=seed)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Frozen models (anchor, solver) and the two reward builders
+# ------------------------------------------------------------------------------------------------------
+def frozen_model(section, components) -> tuple:
+    """(model, params, tokenizer) of the frozen model a config section {path, tokenizer, dtype} names.
+
+    path "": a copy of the run's initial policy parameters (the trainer donates and updates its own
+    buffers, so the copy is what stays frozen); else an HF directory, a .gguf file or an alias of
+    `searchjax.rl.setup.MODEL_ALIASES`, loaded on the run's mesh.
+    """
+    if not section.path:
+        return components.model, jax.tree.map(jnp.copy, components.params), components.tokenizer
+    from searchjax.models import load_pretrained
+    from searchjax.rl.setup import resolve_model_path
+    from searchjax.tokenization import load_tokenizer
+    path = resolve_model_path(section.path)
+    model, params = load_pretrained(path, dtype=section.dtype, mesh=components.mesh)
+    tokenizer = load_tokenizer(resolve_model_path(section.tokenizer) if section.tokenizer else path)
+    return model, params, tokenizer
+
+
+def ig_config(config):
+    """searchjax.rewards.information_gain.IGConfig from config.information_gain."""
+    from searchjax.rewards.information_gain import IGConfig
+    return IGConfig(**config.information_gain.to_dict())
+
+
+def build_information_gain_reward(config, components, workdir):
+    """Loop reward builder: Dr.Free's IG reward with the anchor of config.anchor and the run's retriever."""
+    from searchjax.rewards.information_gain import make_information_gain_reward
+    model, params, tokenizer = frozen_model(config.anchor, components)
+    return make_information_gain_reward(model, params, tokenizer, components.retriever, ig_config(config))
+
+
+def build_difficulty_reward(config, components, workdir):
+    """Loop reward builder: Dr.Zero's difficulty reward with the solver of config.difficulty.solver, which
+    answers each question in config.difficulty.rollout.group_size multi-turn search rollouts."""
+    from searchjax.rewards.difficulty import make_difficulty_reward
+    model, params, tokenizer = frozen_model(config.difficulty.solver, components)
+    return make_difficulty_reward(model, params, tokenizer, components.retriever,
+                                  RolloutConfig(**config.difficulty.rollout.to_dict()), base_seed=config.seed)
+
+
+# Entries for searchjax.rl.loop's ROLLOUT_FNS / REWARD_FNS (the names configs/drfree.py uses).
+LOOP_ROLLOUT_FNS = {PROPOSER_ROLLOUT: proposer_rollout_fn}
+LOOP_REWARD_FNS = {IG_REWARD: build_information_gain_reward, DIFFICULTY_REWARD: build_difficulty_reward}
+
+
+def register_loop_functions() -> None:
+    """Add the proposer's rollout and rewards to the loop's tables (no-op for names already there)."""
+    from searchjax.rl import loop
+    for table, entries in ((loop.ROLLOUT_FNS, LOOP_ROLLOUT_FNS), (loop.REWARD_FNS, LOOP_REWARD_FNS)):
+        for name, fn in entries.items():
+            table.setdefault(name, fn)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Chain pools and the run's components
+# ------------------------------------------------------------------------------------------------------
+def synthetic_chain_pool(directory: str | os.PathLike, *, n_per_hop: int, seed: int = 0) -> tuple[list[dict], pathlib.Path]:
+    """(chain records, corpus path) of a pool over the synthetic world (searchjax.data.synthetic) in `directory`.
+
+    Written once (world/ and chains.jsonl, as `launch.build_chains --synthetic_world` does) and read back
+    on later calls; the chains are verified against a BM25 index of the world's corpus.
+    """
+    from retrieval.bm25 import BM25Index
+    from retrieval.corpus import read_jsonl_corpus
+    from searchjax.data import synthetic
+    from searchjax.drfree import chains, kg
+    directory = pathlib.Path(directory)
+    corpus = directory / "world" / "wiki18.jsonl"
+    pool = directory / "chains.jsonl"
+    if pool.exists() and corpus.exists():
+        return chains.read_chain_pool(pool), corpus
+    world = synthetic.write_world(directory / "world", synthetic.WorldConfig(seed=seed))
+    cfg = chains.ChainConfig(n_per_hop=n_per_hop, max_attempts_per_chain=2000, seed=seed)
+    kb = kg.load_knowledge_base([world.paths["train"], world.paths["valid"]], world.paths["entities"],
+                                world.paths["relations"], world.paths["corpus"], chains.relation_numbers(cfg.relations),
+                                progress=False)
+    records, stats = chains.build_chain_pool(kb, BM25Index.build(read_jsonl_corpus(world.paths["corpus"])), cfg,
+                                             progress=False)
+    chains.write_chain_pool(directory, records, stats)
+    return records, world.paths["corpus"]
+
+
+def load_chains(config, workdir: pathlib.Path) -> tuple[list[dict], object]:
+    """(chain records, retriever) for config.chains / config.retrieval (module docstring)."""
+    from searchjax.drfree.chains import read_chain_pool
+    from searchjax.rl.setup import build_retriever
+    pool = config.chains.pool
+    if pool == "synthetic":
+        from retrieval.bm25 import BM25Index
+        from retrieval.client import InProcessRetriever
+        from retrieval.corpus import read_jsonl_corpus
+        directory = pathlib.Path(config.chains.synthetic_dir).expanduser() if config.chains.synthetic_dir else \
+            workdir / "synthetic_chains"
+        records, corpus = synthetic_chain_pool(directory, n_per_hop=config.chains.n_per_hop, seed=config.chains.seed)
+        return records, InProcessRetriever(BM25Index.build(read_jsonl_corpus(corpus)))
+    path = pathlib.Path(pool).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"config.chains.pool={pool!r}: no such file (build one with launch/build_chains.py, "
+                                "or use 'synthetic')")
+    return read_chain_pool(path), build_retriever(config.retrieval)
+
+
+def build_components(config, workdir: str | os.PathLike):
+    """loop.Components for proposer training: the policy on the mesh, its tokenizer, the chain prompts
+    (config.chains.eval_chains of them held out for evaluation, `split_by_hops`) and the retriever."""
+    from searchjax.distributed import process_shard
+    from searchjax.models import Transformer, load_pretrained
+    from searchjax.rl import setup
+    from searchjax.rl.loop import Components
+    from searchjax.tokenization import load_tokenizer
+    workdir = pathlib.Path(workdir)
+    mesh = setup.make_mesh_from_config(config.mesh)
+    path = setup.resolve_model_path(config.model.path)
+    model, params = load_pretrained(path, dtype=config.model.dtype, param_dtype=config.model.param_dtype, mesh=mesh)
+    model = Transformer(model.config.replace(remat_policy=config.model.remat_policy))
+    tokenizer = load_tokenizer(setup.resolve_model_path(config.model.tokenizer) if config.model.tokenizer else path)
+    records, retriever = load_chains(config, workdir)
+    prompts, dropped = chain_prompts(records, tokenizer=tokenizer, max_prompt_tokens=config.chains.max_prompt_tokens)
+    if dropped:
+        log.warning("dropped %d of %d chains whose proposer prompt exceeds %d tokens", dropped, len(records),
+                    config.chains.max_prompt_tokens)
+    train, held_out = split_by_hops(prompts, config.chains.eval_chains)
+    return Components(model=model, params=params, tokenizer=tokenizer, retriever=retriever,  # multi-host: each
+                      train_prompts=process_shard(train), eval_prompts=process_shard(held_out),  # process its share
+                      mesh=mesh)
+
+
+def round_robin_by_hops(prompts: Sequence) -> list:
+    """Prompts reordered round-robin over hop counts (the first of each hop count in turn: 1, 2, 3, 1, 2, ...),
+    keeping pool order within a hop count; a pool is written hop count by hop count."""
+    by_hops: dict[int, list] = {}
+    for p in prompts:
+        by_hops.setdefault(p.hops, []).append(p)
+    groups = [by_hops[h] for h in sorted(by_hops)]
+    return [g[k] for k in range(max((len(g) for g in groups), default=0)) for g in groups if k < len(g)]
+
+
+def split_by_hops(prompts: Sequence, held: int) -> tuple[list, list]:
+    """(train, held out) of `round_robin_by_hops(prompts)`: the first `held` held out, so evaluation sees
+    every hop count, and each process's contiguous `process_shard` of the rest mixes hop counts too."""
+    if len(prompts) <= held:
+        raise ValueError(f"config.chains: {len(prompts)} usable chains, but eval_chains={held} are held out")
+    ordered = round_robin_by_hops(prompts)
+    return ordered[held:], ordered[:held]
+
+
+def train_proposer(config, workdir: str | os.PathLike, *, resume: bool = False, components=None) -> dict[str, float]:
+    """Train the proposer for config.total_steps steps through `searchjax.rl.loop.train`; the last step's metrics."""
+    from searchjax.rl import loop
+    register_loop_functions()
+    components = components or build_components(config, workdir)
+    return loop.train(config, workdir, resume=resume, components=components)

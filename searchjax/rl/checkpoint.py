@@ -1,0 +1,79 @@
+"""Training checkpoints: orbax CheckpointManager (keep N, atomic), exact resume, optional HF export.
+
+A checkpoint at step n is one orbax step directory holding two items:
+
+    state   the TrainState pytree (master params, optimizer state, step, skipped, reference params),
+            restored straight into the target shardings (each process reads only its shards)
+    loop    JSON: everything else the host loop needs to continue bit for bit - the PRNG key data, the
+            data position (next prompt index into the epoch's order, epoch), the step
+
+Orbax writes each step into a temporary directory and renames it when complete, so a run killed
+mid-save leaves the previous checkpoint intact; `max_to_keep` bounds the number kept. Saves are
+synchronous: the train state is donated to the next update, so its buffers must be written before the
+update may reuse them.
+
+`export_hf` writes the policy as an HF directory (config.json + safetensors) with
+`searchjax.models.save_pretrained`, in the model's param dtype, for transformers/vLLM users.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+STATE_ITEM = "state"
+LOOP_ITEM = "loop"
+
+
+def make_manager(directory: str | os.PathLike, *, max_to_keep: int) -> ocp.CheckpointManager:
+    """A CheckpointManager over `directory` (created if missing) keeping the newest `max_to_keep` steps."""
+    if max_to_keep < 1:
+        raise ValueError(f"checkpoint.max_to_keep must be >= 1, got {max_to_keep}")
+    directory = pathlib.Path(directory).absolute()
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                           enable_async_checkpointing=False)
+    return ocp.CheckpointManager(directory, options=options, item_names=(STATE_ITEM, LOOP_ITEM))
+
+
+def save(manager: ocp.CheckpointManager, step: int, state: Any, loop_state: dict) -> None:
+    """Write (state, loop_state) as checkpoint `step`; no-op if that step is already saved."""
+    if step in manager.all_steps():
+        return
+    manager.save(step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardSave(state),
+                                                  LOOP_ITEM: ocp.args.JsonSave(loop_state)}))
+    manager.wait_until_finished()
+
+
+def latest_step(manager: ocp.CheckpointManager) -> int | None:
+    return manager.latest_step()
+
+
+def abstract_like(state: Any, shardings: Any = None) -> Any:
+    """ShapeDtypeStructs of `state` (arrays or ShapeDtypeStructs), placed by `shardings` when given."""
+    if shardings is None:
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+                            state)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
+
+
+def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | None = None) -> tuple[Any, dict, int]:
+    """(state, loop_state, step) of checkpoint `step` (default: the latest), state laid out as abstract_state."""
+    step = manager.latest_step() if step is None else step
+    if step is None:
+        raise FileNotFoundError(f"no checkpoint to resume from in {manager.directory}")
+    restored = manager.restore(step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.StandardRestore(abstract_state),
+                                                                 LOOP_ITEM: ocp.args.JsonRestore()}))
+    return restored[STATE_ITEM], dict(restored[LOOP_ITEM]), step
+
+
+def export_hf(model, params: Any, directory: str | os.PathLike) -> pathlib.Path:
+    """The policy as an HF checkpoint directory (model's param dtype); written by process 0 only."""
+    from searchjax.models import save_pretrained
+    from searchjax.rl.trainer import cast_tree
+    if jax.process_index() != 0:
+        return pathlib.Path(directory)
+    return save_pretrained(model, cast_tree(params, model.config.weight_dtype), directory)

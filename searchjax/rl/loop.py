@@ -1,0 +1,403 @@
+"""The host training loop: prompts -> rollout -> rewards -> advantages -> update, with logging and checkpoints.
+
+One RL step (Search-R1's GRPO recipe, as verl runs it):
+
+  1. take `prompts_per_step` prompts from the data stream (its position is checkpointed);
+  2. roll out `rollout.group_size` trajectories per prompt with the current policy (`ROLLOUT_FNS`);
+  3. score them (`REWARD_FNS`): per-trajectory rewards, optional per-group advantage overrides, metrics;
+  4. advantages (`ADVANTAGE_FNS`; GRPO groups by `prompt.uid`, HRPO by `prompt.hops`), then overrides;
+  5. pad into a batch, recompute the old policy's log-probs (and the reference's when kl_coef > 0) with
+     the pre-update parameters, and log their mismatch with the sampler's log-probs;
+  6. `batch.epochs` passes over mini-batches of `batch.mini_batch_size` trajectories, one optimizer step
+     each, every step accumulating gradients over micro-batches of `batch.micro_batch_size`.
+
+The rollout function, the reward (and the evaluation reward) and the advantage estimator are named in
+the config and looked up in the three small dicts below: adding a method means adding a function and
+a dict entry. Per-sample
+metadata (group uid, hop count, data source) rides on each trajectory's `prompt`, so the same loop
+trains the Search-R1 solver (multi-turn search, GRPO) and Dr.Free's proposer (single turn without
+search, `rollout.search = False`, HRPO over hop labels).
+
+Outputs under `workdir`: checkpoints/ (orbax, `checkpoint.py`), metrics.jsonl (one JSON object per step),
+tb/ (TensorBoard), trajectories/step_XXXXXX.jsonl (sampled trajectories, with token ids, reusable as SFT
+demonstrations), hf/step_XXXXXX/ (optional HF export). SIGTERM finishes the current step, saves a
+checkpoint and returns; `resume=True` continues from the latest checkpoint exactly (same parameters,
+optimizer state, PRNG key and data position, so the same trajectories and metrics as an uninterrupted run).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from searchjax.rewards.base import RewardOutput, exact_match_reward, f1_reward
+from searchjax.rl import advantages as adv_lib
+from searchjax.rl import batching, checkpoint, trainer
+
+
+# ------------------------------------------------------------------------------------------------------
+# What a run is made of; `build_components(config)` assembles it from the config, tests pass their own.
+# ------------------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Components:
+    model: Any  # searchjax.models.Transformer
+    params: Any  # initial policy parameters (placed on the mesh)
+    tokenizer: Any  # searchjax.tokenization.Tokenizer
+    retriever: Any  # anything with .search(queries, topk) -> list[list[Hit]]
+    train_prompts: list  # list[searchjax.agent.rollout.Prompt]
+    eval_prompts: list
+    demonstrations: list = dataclasses.field(default_factory=list)  # SFT warm-start trajectories
+    mesh: Any = None
+
+
+def search_agent_rollout(components: Components, params, prompts: list, rollout_cfg: dict, seed: int) -> list:
+    """Search-R1 rollouts through `searchjax.agent.rollout.rollout` (multi-turn, or single turn with search=False).
+
+    rollout_cfg: config.rollout as a dict, field for field `searchjax.agent.rollout.RolloutConfig`.
+    """
+    from searchjax.agent.rollout import RolloutConfig, rollout
+    return rollout(components.model, params, components.tokenizer, components.retriever, prompts,
+                   RolloutConfig(**rollout_cfg), seed=seed)
+
+
+# (components, policy params, prompts, config.rollout as a dict, seed) -> trajectories, prompt-major.
+ROLLOUT_FNS: dict[str, Callable] = {"search_agent": search_agent_rollout}
+
+
+def fixed_reward(fn: Callable[[Sequence], RewardOutput]) -> Callable:
+    """A reward builder for a reward that needs no configuration."""
+    return lambda config, components, workdir: fn
+
+
+# name -> builder(config, components, workdir) -> RewardFn (trajectories -> RewardOutput). A builder lets a
+# reward that needs a judge, an embedder or the policy itself (EviBack, information gain, CCS) set them up
+# once from the config; the RewardFn it returns is called every step.
+REWARD_FNS: dict[str, Callable] = {"exact_match": fixed_reward(exact_match_reward), "f1": fixed_reward(f1_reward)}
+
+
+def grpo_estimator(rewards: np.ndarray, trajectories: Sequence, cfg) -> np.ndarray:
+    """GRPO over each prompt's group (group id = prompt.uid)."""
+    return adv_lib.grpo_advantages(rewards, [t.prompt.uid for t in trajectories], epsilon=cfg.epsilon,
+                                   scale_by_std=cfg.scale_by_std)
+
+
+def hrpo_estimator(rewards: np.ndarray, trajectories: Sequence, cfg) -> np.ndarray:
+    """HRPO (Dr.Free eq. 9): z-scores within each hop count of the batch (gathered across processes)."""
+    from searchjax import distributed
+    hops = np.asarray([t.prompt.hops for t in trajectories], np.int64)
+    all_rewards, all_hops = distributed.allgather((np.asarray(rewards, np.float32), hops))
+    full = adv_lib.hrpo_advantages(all_rewards, all_hops, epsilon=cfg.epsilon, scale_by_std=cfg.scale_by_std)
+    start = _process_offset(len(trajectories))
+    return full[start:start + len(trajectories)]
+
+
+def _process_offset(n_local: int) -> int:
+    from searchjax import distributed
+    sizes = distributed.allgather(np.asarray([n_local], np.int64))
+    return int(np.sum(sizes[:jax.process_index()]))
+
+
+# (rewards [N], trajectories, config.advantage) -> advantages [N] float32.
+ADVANTAGE_FNS: dict[str, Callable] = {"grpo": grpo_estimator, "hrpo": hrpo_estimator}
+
+
+def _lookup(table: dict, name: str, field: str):
+    if name not in table:
+        raise ValueError(f"config.{field}={name!r}; valid: {sorted(table)}")
+    return table[name]
+
+
+# ------------------------------------------------------------------------------------------------------
+# Data stream: a seeded permutation per epoch; the position is one integer (checkpointed).
+# ------------------------------------------------------------------------------------------------------
+def prompt_batch(prompts: Sequence, position: int, batch_size: int, seed: int) -> tuple[list, int]:
+    """(the batch_size prompts starting at global `position`, next position); epoch e uses perm(seed, e)."""
+    n = len(prompts)
+    if n == 0:
+        raise ValueError("prompt_batch: no training prompts")
+    out = []
+    for p in range(position, position + batch_size):
+        epoch, offset = divmod(p, n)
+        order = np.random.default_rng([seed, epoch]).permutation(n)
+        out.append(prompts[int(order[offset])])
+    return out, position + batch_size
+
+
+# ------------------------------------------------------------------------------------------------------
+# Metrics and logging
+# ------------------------------------------------------------------------------------------------------
+def rollout_metrics(trajectories: Sequence) -> dict[str, float]:
+    """DESIGN.md's trajectory metrics (searchjax.eval.metrics) plus lengths."""
+    from searchjax.eval.metrics import TrajectoryRecord, trajectory_metrics
+    records = [TrajectoryRecord(queries=tuple(t.queries), answer=t.answer, forced=t.forced_termination)
+               for t in trajectories]
+    metrics = {f"rollout/{k}": v for k, v in trajectory_metrics(records).items()}
+    metrics["rollout/response_length"] = float(np.mean([len(t.response_ids) for t in trajectories]))
+    metrics["rollout/generated_tokens"] = float(np.mean([sum(t.loss_mask) for t in trajectories]))
+    metrics["rollout/prompt_length"] = float(np.mean([len(t.prompt_ids) for t in trajectories]))
+    return metrics
+
+
+def logprob_mismatch(sampler: np.ndarray, recomputed: np.ndarray, mask: np.ndarray) -> dict[str, float]:
+    """How far the sampler's log-probs are from the trainer's recomputation, on loss tokens (verl logs the same)."""
+    m = mask > 0
+    if not m.any():
+        return {"mismatch/logprob_abs_mean": 0.0, "mismatch/logprob_abs_max": 0.0, "mismatch/prob_abs_max": 0.0}
+    diff = np.abs(sampler[m] - recomputed[m])
+    prob = np.abs(np.exp(sampler[m]) - np.exp(recomputed[m]))
+    return {"mismatch/logprob_abs_mean": float(diff.mean()), "mismatch/logprob_abs_max": float(diff.max()),
+            "mismatch/prob_abs_max": float(prob.max())}
+
+
+def sampled_entropy(logprobs: np.ndarray, mask: np.ndarray) -> float:
+    """Monte-Carlo policy entropy per generated token: mean of -log pi(x_t) over sampled tokens x_t ~ pi.
+
+    E_{x ~ pi}[-log pi(x)] = H(pi), so on on-policy samples this is an unbiased estimate of the mean
+    per-token entropy (of the temperature-scaled policy) without materialising [B, T, V] logits.
+    """
+    m = mask > 0
+    return float(-logprobs[m].mean()) if m.any() else 0.0
+
+
+def _mean_metrics(rows: list[dict]) -> dict[str, float]:
+    out = {}
+    for key in rows[0]:
+        values = [float(r[key]) for r in rows]
+        out[key] = max(values) if key.endswith("/max") else min(values) if key.endswith("/min") else float(np.mean(values))
+    return out
+
+
+class MetricWriter:
+    """metrics.jsonl + TensorBoard. On resume, rows after the restored step are dropped (they were never checkpointed)."""
+
+    def __init__(self, workdir: pathlib.Path, start_step: int, enabled: bool):
+        self.enabled = enabled
+        self.path = workdir / "metrics.jsonl"
+        if not enabled:
+            return
+        if self.path.exists():
+            keep = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= start_step]
+            self.path.write_text("".join(line + "\n" for line in keep))
+        from tensorboardX import SummaryWriter
+        self.tb = SummaryWriter(str(workdir / "tb"))
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps({"step": step, **metrics}, sort_keys=True) + "\n")
+        for key, value in metrics.items():
+            self.tb.add_scalar(key, value, step)
+        self.tb.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.tb.close()
+
+
+def dump_trajectories(path: pathlib.Path, step: int, trajectories: Sequence, rewards: np.ndarray,
+                      advantages: np.ndarray, limit: int) -> None:
+    """The first `limit` trajectories of the step (-1 = all) as jsonl, token ids included."""
+    chosen = list(trajectories) if limit < 0 else list(trajectories)[:limit]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for t, r, a in zip(chosen, rewards, advantages):
+            f.write(json.dumps({
+                "step": step, "uid": t.prompt.uid, "sample_index": t.sample_index, "question": t.prompt.question,
+                "golden_answers": list(t.prompt.golden_answers), "data_source": t.prompt.data_source,
+                "hops": t.prompt.hops, "response_text": t.response_text, "answer": t.answer, "reward": float(r),
+                "advantage": float(a), "queries": list(t.queries), "doc_ids": [list(d) for d in t.doc_ids],
+                "num_searches": t.num_searches, "forced_termination": t.forced_termination,
+                "prompt_ids": [int(i) for i in t.prompt_ids], "response_ids": [int(i) for i in t.response_ids],
+                "loss_mask": [int(m) for m in t.loss_mask],
+                "sampler_logprobs": [float(x) for x in t.sampler_logprobs]}) + "\n")
+
+
+# ------------------------------------------------------------------------------------------------------
+# The run
+# ------------------------------------------------------------------------------------------------------
+def _flag_on_sigterm():
+    """Install a SIGTERM handler that sets a flag (main thread only); returns (flag dict, restore fn)."""
+    flag = {"stop": False}
+    try:
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: flag.update(stop=True))
+    except ValueError:  # not the main thread: no handler, no clean stop
+        return flag, lambda: None
+    return flag, lambda: signal.signal(signal.SIGTERM, previous)
+
+
+def loss_config(config) -> trainer.LossConfig:
+    return trainer.LossConfig(temperature=config.rollout.temperature if config.rollout.temperature > 0 else 1.0,
+                              **config.loss)
+
+
+def validate(config, mesh) -> None:
+    """Batch-size arithmetic, checked before anything expensive runs."""
+    from searchjax.sharding import batch_shard_count
+    n = config.prompts_per_step * config.rollout.group_size
+    u = config.batch
+    if u.mini_batch_size < 1 or n % u.mini_batch_size:
+        raise ValueError(f"config.batch.mini_batch_size={u.mini_batch_size} must divide the "
+                         f"{n} trajectories per step (prompts_per_step x rollout.group_size)")
+    if u.micro_batch_size < 1 or u.mini_batch_size % u.micro_batch_size:
+        raise ValueError(f"config.batch.micro_batch_size={u.micro_batch_size} must divide "
+                         f"batch.mini_batch_size={u.mini_batch_size}")
+    shards = batch_shard_count(mesh)
+    if u.micro_batch_size % shards:
+        raise ValueError(f"config.batch.micro_batch_size={u.micro_batch_size} must be a multiple of the mesh's "
+                         f"{shards} batch shards (data x fsdp)")
+
+
+def train(config, workdir: str | os.PathLike, *, resume: bool = False,
+          components: Components | None = None) -> dict[str, float]:
+    """Run `config.total_steps` RL steps (or continue them); returns the last step's metrics."""
+    from searchjax.rl import setup, sft
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    components = components or setup.build_components(config)
+    mesh = components.mesh if components.mesh is not None else setup.make_mesh_from_config(config.mesh)
+    validate(config, mesh)
+    model, tokenizer = components.model, components.tokenizer
+    lcfg = loss_config(config)
+    ocfg = trainer.OptimConfig(**config.optim)
+    optimizer = trainer.make_optimizer(ocfg)
+    keep_reference = lcfg.kl_coef > 0
+    master_dtype = config.model.master_dtype or None
+    pshard = setup.param_shardings_for(model, mesh)
+    params = jax.device_put(components.params, pshard)
+    shardings = trainer.state_shardings(optimizer, params, pshard, mesh, master_dtype=master_dtype,
+                                        keep_reference=keep_reference)
+    manager = checkpoint.make_manager(workdir / "checkpoints", max_to_keep=config.checkpoint.max_to_keep)
+    is_main = jax.process_index() == 0
+
+    if resume and checkpoint.latest_step(manager) is not None:
+        abstract = jax.eval_shape(lambda p: trainer.init_train_state(p, optimizer, master_dtype=master_dtype,
+                                                                     keep_reference=keep_reference), params)
+        state, loop_state, start = checkpoint.restore(manager, checkpoint.abstract_like(abstract, shardings))
+        rng = np.asarray(loop_state["rng"], np.uint32)
+        position = int(loop_state["data_position"])
+    else:
+        if components.demonstrations and config.sft.steps > 0:  # warm start; the reference is the warm-started policy
+            params, history = sft.warm_start(config, model, params, pshard, mesh, components.demonstrations,
+                                             pad_id=tokenizer.pad_token_id)
+            if is_main:
+                (workdir / "sft.jsonl").write_text("".join(json.dumps({"step": i + 1, **h}) + "\n"
+                                                           for i, h in enumerate(history)))
+        state = trainer.init_train_state(params, optimizer, master_dtype=master_dtype,
+                                         keep_reference=keep_reference, shardings=shardings)
+        start, rng, position = 0, np.asarray(jax.random.key_data(jax.random.key(config.seed)), np.uint32), 0
+    del params
+
+    rollout_fn = _lookup(ROLLOUT_FNS, config.rollout_fn, "rollout_fn")
+    reward_fn = _lookup(REWARD_FNS, config.reward_fn, "reward_fn")(config, components, workdir)
+    eval_reward_fn = (reward_fn if config.eval_reward_fn == config.reward_fn else
+                      _lookup(REWARD_FNS, config.eval_reward_fn, "eval_reward_fn")(config, components, workdir))
+    advantage_fn = _lookup(ADVANTAGE_FNS, config.advantage.estimator, "advantage.estimator")
+    rollout_cfg = config.rollout.to_dict()
+    step_fn = trainer.make_train_step(model, lcfg, ocfg, mesh=mesh, shardings=shardings)
+    logprob_fn = trainer.make_logprob_fn(model, lcfg.temperature, mesh=mesh, param_shardings=pshard)
+    u = config.batch
+    writer = MetricWriter(workdir, start, enabled=is_main)
+    flag, restore_handler = _flag_on_sigterm()
+    progress = _progress(config, start)
+    metrics: dict[str, float] = {}
+    try:
+        for step in range(start + 1, config.total_steps + 1):
+            t_step = time.perf_counter()
+            key, sub = jax.random.split(jax.random.wrap_key_data(rng))
+            rng = np.asarray(jax.random.key_data(key), np.uint32)
+            seed = int(jax.random.randint(sub, (), 0, np.iinfo(np.int32).max))
+            prompts, position = prompt_batch(components.train_prompts, position, config.prompts_per_step, config.seed)
+            policy = trainer.cast_tree(state.params, model.config.weight_dtype)
+
+            t0 = time.perf_counter()
+            trajectories = rollout_fn(components, policy, prompts, rollout_cfg, seed)
+            t_rollout = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            reward = reward_fn(trajectories)
+            t_reward = time.perf_counter() - t0
+            advantages = advantage_fn(reward.rewards, trajectories, config.advantage)
+            if reward.advantage_overrides:
+                advantages = adv_lib.apply_group_overrides(advantages, [t.prompt.uid for t in trajectories],
+                                                           reward.advantage_overrides)
+
+            batch = batching.make_batch(trajectories, advantages, pad_id=tokenizer.pad_token_id,
+                                        prompt_buckets=config.batch.prompt_buckets,
+                                        response_buckets=config.batch.response_buckets,
+                                        row_multiple=u.mini_batch_size)
+            t0 = time.perf_counter()
+            batch["old_logprobs"] = trainer.batch_logprobs(logprob_fn, state.params, batch, u.micro_batch_size, mesh)
+            if keep_reference:
+                batch["ref_logprobs"] = trainer.batch_logprobs(logprob_fn, state.ref_params, batch, u.micro_batch_size,
+                                                               mesh)
+            t_logprob = time.perf_counter() - t0
+            mismatch = logprob_mismatch(batch.pop("sampler_logprobs"), batch["old_logprobs"], batch["loss_mask"])
+            mismatch["rollout/entropy_mc"] = sampled_entropy(batch["old_logprobs"], batch["loss_mask"])
+
+            t0 = time.perf_counter()
+            update_rows = []
+            for _ in range(u.epochs):
+                for mini in batching.split_rows(batch, u.mini_batch_size):
+                    stacked = batching.stack_micro_batches(mini, u.micro_batch_size)
+                    state, m = step_fn(state, trainer.place_batch(stacked, mesh, stacked=True))
+                    update_rows.append(m)
+            update_rows = [{k: float(v) for k, v in jax.device_get(m).items()} for m in update_rows]
+            t_update = time.perf_counter() - t0
+
+            metrics = {f"reward/{k}": float(v) for k, v in reward.metrics.items()}
+            metrics.update({"reward/mean": float(reward.rewards.mean()), "advantage/abs_mean":
+                            float(np.abs(advantages).mean()), **rollout_metrics(trajectories), **mismatch})
+            metrics.update({f"update/{k}": v for k, v in _mean_metrics(update_rows).items()})
+            metrics.update({"time/rollout": t_rollout, "time/reward": t_reward, "time/old_logprob": t_logprob,
+                            "time/update": t_update})
+            if config.eval.every > 0 and step % config.eval.every == 0:
+                metrics.update(evaluate(config, components, state.params, rollout_fn, eval_reward_fn, rollout_cfg))
+            metrics["time/step"] = time.perf_counter() - t_step
+            writer.write(step, metrics)
+            if is_main and config.logging.trajectories_per_step != 0:
+                dump_trajectories(workdir / "trajectories" / f"step_{step:06d}.jsonl", step, trajectories,
+                                  reward.rewards, advantages, config.logging.trajectories_per_step)
+            progress.update(1)
+            progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", refresh=False)
+            stop = flag["stop"]
+            if stop or step == config.total_steps or (config.checkpoint.every > 0 and step % config.checkpoint.every == 0):
+                checkpoint.save(manager, step, state, {"rng": rng.tolist(), "data_position": position, "step": step})
+                if config.checkpoint.export_hf:
+                    checkpoint.export_hf(model, state.params, workdir / "hf" / f"step_{step:06d}")
+            if stop:
+                break
+    finally:
+        progress.close()
+        writer.close()
+        restore_handler()
+        manager.close()
+    return metrics
+
+
+def evaluate(config, components: Components, params, rollout_fn, reward_fn, rollout_cfg) -> dict[str, float]:
+    """Greedy single-sample rollouts on the first `eval.num_prompts` eval prompts: "eval/" reward and rollout metrics."""
+    prompts = components.eval_prompts[:config.eval.num_prompts] if config.eval.num_prompts > 0 else components.eval_prompts
+    if not prompts:
+        return {}
+    cfg = dict(rollout_cfg, group_size=1, temperature=0.0)
+    policy = trainer.cast_tree(params, components.model.config.weight_dtype)
+    trajectories = rollout_fn(components, policy, prompts, cfg, config.eval.seed)
+    reward = reward_fn(trajectories)
+    out = {"eval/reward": float(reward.rewards.mean())}
+    out.update({f"eval/{k.split('/', 1)[1]}": v for k, v in rollout_metrics(trajectories).items()})
+    return out
+
+
+def _progress(config, start: int):
+    from tqdm import tqdm
+    return tqdm(total=config.total_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
+                disable=not config.logging.progress_bar or jax.process_index() != 0)

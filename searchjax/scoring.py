@@ -1,0 +1,279 @@
+"""Teacher-forced scoring: per-token log-probabilities and answer log-likelihoods.
+
+    token_logprobs(model, params, input_ids, attention_mask, *, temperature=1.0) -> [B, T-1] float32
+        out[b, t-1] = log softmax(logits[b, t-1] / temperature)[input_ids[b, t]] = log p(x_t | x_<t),
+        with RoPE positions from the mask (cumsum(mask) - 1), so left padding changes a row by < 1e-5.
+        Entries whose target x_t or context token x_{t-1} is padding are 0.
+    answer_loglik(model, params, tokenizer, contexts, question, answer) -> [len(contexts)] float64
+        Dr.Free eq. 3, the length-normalised log-likelihood of a fixed answer A = (a_1..a_|A|):
+            l(A | c, q) = (1 / |A|) * sum_{i=1}^{|A|} log pi(a_i | c, q, a_<i)
+    answer_logliks(model, params, tokenizer, [(context, question, answer), ...]) -> [N]
+        the same for arbitrary triples (all contexts of a proposer batch in as few calls as possible).
+
+The log-softmax never materialises [B, T, V] logits when V is large: the LM head is applied to the
+final hidden states (`return_hidden=True`) one vocabulary chunk at a time, keeping a running
+(max, sum exp) pair per position (the online logsumexp of Milakov & Gimelshein 2018):
+    m' = max(m, max_c z),  s' = s * exp(m - m') + sum_c exp(z - m'),  log Z = m + log s
+and the target's logit is picked out of whichever chunk holds it. All of it in float32. Chunks are
+strided (chunk k = vocab ids {k, k + n, k + 2n, ...} for n chunks), so a vocabulary sharded over the
+"tensor" mesh axis stays sharded inside every chunk: each device reduces its own columns.
+
+Compilation bound. Every call is padded on the left to a length bucket (powers of two from 64) and
+its batch to a batch bucket (powers of two, then up to a multiple of the mesh's batch shards), and
+scores only the last `tail` positions, also bucketed (token_logprobs: tail = length bucket - 1;
+answer scoring: powers of two from 8). The number of compiled programs is therefore at most
+    (#length buckets) x (#batch buckets) x (#tail buckets)
+e.g. for sequences up to 4096 tokens (7 length buckets), batches up to 512 rows (10) and answers of
+at most 64 tokens (4): <= 280; a run with fixed shapes compiles one program per distinct shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from searchjax import sharding as shd
+
+MIN_LENGTH_BUCKET = 64  # smallest padded sequence length
+MIN_ANSWER_BUCKET = 8  # smallest padded answer (tail) length in answer scoring
+VOCAB_CHUNK = 8192  # vocabulary columns per log-softmax chunk; V <= VOCAB_CHUNK is done in one piece
+MAX_TOKENS_PER_CALL = 16384  # answer scoring: padded batch x length per jitted call (bounds memory)
+DEFAULT_TEMPLATE = "{context}\n\nQuestion: {question}\nAnswer:"
+
+
+def pow2_bucket(n: int, minimum: int = 1) -> int:
+    """Smallest power of two >= max(n, minimum)."""
+    n = max(int(n), int(minimum), 1)
+    return 1 << (n - 1).bit_length()
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def target_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *, temperature=1.0,
+                    vocab_chunk: int = VOCAB_CHUNK) -> jax.Array:
+    """log softmax(hidden @ lm_head / temperature)[targets], float32, in vocabulary chunks.
+
+    hidden [B, T, H]; lm_head [H, V]; targets [B, T] int -> [B, T] float32. Pure and jittable: use it
+    inside a loss (the trainer) as well as in `token_logprobs`. Logits are hidden @ lm_head accumulated
+    in float32 (bf16 models keep bf16 operands, as their own logits do).
+    """
+    H, V = lm_head.shape
+    temperature = jnp.asarray(temperature, jnp.float32)
+    n_chunks = max(1, math.ceil(V / vocab_chunk))
+    if n_chunks == 1:
+        z = jnp.einsum("bth,hv->btv", hidden, lm_head.astype(hidden.dtype),
+                       preferred_element_type=jnp.float32) / temperature
+        picked = jnp.take_along_axis(z, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        return picked - jax.nn.logsumexp(z, axis=-1)
+    width = math.ceil(V / n_chunks)
+    padded = n_chunks * width
+    if padded != V:  # zero columns, masked to -inf below
+        lm_head = jnp.pad(lm_head, ((0, 0), (0, padded - V)))
+    w = lm_head.reshape(H, width, n_chunks)  # vocab id of w[:, c, k] is c * n_chunks + k
+    column = jnp.arange(width, dtype=jnp.int32) * n_chunks  # [C]
+    targets = targets.astype(jnp.int32)
+    B, T = targets.shape
+
+    def body(k, carry):
+        m, s, picked = carry
+        chunk = jax.lax.dynamic_index_in_dim(w, k, axis=2, keepdims=False).astype(hidden.dtype)  # [H, C]
+        z = jnp.einsum("bth,hc->btc", hidden, chunk, preferred_element_type=jnp.float32) / temperature
+        ids = column + k  # [C]
+        if padded != V:
+            z = jnp.where(ids < V, z, -jnp.inf)
+        m_new = jnp.maximum(m, z.max(axis=-1))
+        s = s * jnp.exp(m - m_new) + jnp.exp(z - m_new[..., None]).sum(axis=-1)
+        picked = picked + jnp.where(ids == targets[..., None], z, 0.0).sum(axis=-1)
+        return m_new, s, picked
+
+    init = (jnp.full((B, T), -jnp.inf, jnp.float32), jnp.zeros((B, T), jnp.float32), jnp.zeros((B, T), jnp.float32))
+    m, s, picked = jax.lax.fori_loop(0, n_chunks, body, init)
+    return picked - (m + jnp.log(s))
+
+
+def tail_logprobs(model, params, input_ids: jax.Array, attention_mask: jax.Array, temperature=1.0, *,
+                  tail: int, vocab_chunk: int = VOCAB_CHUNK) -> jax.Array:
+    """log p(x_t | x_<t) for the last `tail` targets t = T-tail .. T-1: [B, tail] float32 (pure, jittable).
+
+    Only those positions go through the LM head: with left padding, answers sit at the right end, so
+    answer scoring pays the vocabulary projection for the answer tokens only. Entries whose target or
+    context token is padding are 0.
+    """
+    from searchjax.models import lm_head_weight, positions_from_mask
+    T = input_ids.shape[1]
+    if not 1 <= tail <= T - 1:
+        raise ValueError(f"tail={tail} must be in [1, T-1] for input_ids of length T={T}")
+    mask = attention_mask.astype(bool)
+    hidden, _ = model.apply({"params": params}, input_ids, positions_from_mask(mask), mask, return_hidden=True)
+    hidden = hidden[:, T - 1 - tail:T - 1]  # states that predict the last `tail` tokens
+    logp = target_logprobs(hidden, lm_head_weight(params, model.config), input_ids[:, T - tail:],
+                           temperature=temperature, vocab_chunk=vocab_chunk)
+    valid = mask[:, T - 1 - tail:T - 1] & mask[:, T - tail:]
+    return jnp.where(valid, logp, 0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_tail_logprobs(mesh):
+    """One jitted scorer per mesh (None = default device): the output is replicated on the mesh, so every
+    process can read it whole (it is small: [B, tail] float32)."""
+    out = shd.replicated(mesh) if mesh is not None else None
+    return jax.jit(tail_logprobs, static_argnames=("model", "tail", "vocab_chunk"), out_shardings=out)
+
+
+def _place(x: np.ndarray, mesh, rules) -> Any:
+    """A host batch (identical on every process) as a global array laid out by batch_sharding."""
+    if mesh is None:
+        return jnp.asarray(x)
+    sharding = shd.batch_sharding(mesh, rules, ndim=x.ndim)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def _score_padded(model, params, ids: np.ndarray, mask: np.ndarray, temperature, tail: int, vocab_chunk: int,
+                  rules) -> jax.Array:
+    mesh = shd.mesh_of(params)
+    fn = _jitted_tail_logprobs(mesh)
+    temperature = jnp.asarray(temperature, jnp.float32)
+    return fn(model, params, _place(ids, mesh, rules), _place(mask, mesh, rules), temperature, tail=tail,
+              vocab_chunk=vocab_chunk)
+
+
+def _batch_bucket(n: int, params, rules) -> int:
+    mesh = shd.mesh_of(params)
+    shards = shd.batch_shard_count(mesh, rules) if mesh is not None else 1
+    return _round_up(pow2_bucket(n), shards)
+
+
+def _pad_left(rows_ids: np.ndarray, rows_mask: np.ndarray, length: int, batch: int, pad_id: int):
+    """Left-pad [B, T] ids/mask to [batch, length]; extra rows are all padding except their last token."""
+    B, T = rows_ids.shape
+    ids = np.full((batch, length), pad_id, np.int32)
+    mask = np.zeros((batch, length), bool)
+    ids[:B, length - T:] = rows_ids
+    mask[:B, length - T:] = rows_mask
+    mask[B:, -1] = True  # a filler row with one real token: well defined, discarded
+    return ids, mask
+
+
+def _check_batch(input_ids, attention_mask):
+    ids = np.asarray(input_ids)
+    mask = np.asarray(attention_mask)
+    if ids.ndim != 2 or ids.shape[1] < 2:
+        raise ValueError(f"token_logprobs: input_ids must be [B, T] with T >= 2, got shape {ids.shape}")
+    if mask.shape != ids.shape:
+        raise ValueError(f"token_logprobs: attention_mask shape {mask.shape} != input_ids shape {ids.shape}")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"token_logprobs: input_ids must be integers, got {ids.dtype}")
+    return ids.astype(np.int32), mask.astype(bool)
+
+
+def token_logprobs(model, params, input_ids, attention_mask, *, temperature=1.0, vocab_chunk: int = VOCAB_CHUNK,
+                   rules: shd.ShardingRules | None = None) -> jax.Array:
+    """[B, T-1] float32: out[b, t-1] = log p(x_t | x_<t) under softmax(logits / temperature).
+
+    input_ids [B, T] int; attention_mask [B, T] (1/True = real token), identical on every process in a
+    multi-host run. Positions are cumsum(mask) - 1, so left padding changes a row by < 1e-5 (only
+    the float summation order differs). Entries whose target or preceding token is padding are 0.
+    Shapes are bucketed (module docstring): the batch is left-padded to a length bucket and a batch
+    bucket before the jitted call, and the pad is cut off the result. With params on a mesh (loaded
+    with `load_pretrained(..., mesh=...)`), the batch is sharded by `batch_sharding(mesh, rules)` and
+    the result is replicated. `temperature` is a traced scalar (no recompilation per value).
+    """
+    ids, mask = _check_batch(input_ids, attention_mask)
+    B, T = ids.shape
+    length = pow2_bucket(T, MIN_LENGTH_BUCKET)
+    batch = _batch_bucket(B, params, rules)
+    pad_id = model.config.pad_token_id or 0
+    ids, mask = _pad_left(ids, mask, length, batch, pad_id)
+    out = _score_padded(model, params, ids, mask, temperature, length - 1, vocab_chunk, rules)
+    return out[:B, length - T:]
+
+
+def format_prompt(context: str, question: str, template: str = DEFAULT_TEMPLATE) -> str:
+    """template.format(context=..., question=...), leading whitespace dropped (closed book: context = "")."""
+    return template.format(context=context, question=question).lstrip()
+
+
+def answer_logliks(model, params, tokenizer, triples: Sequence[tuple[str, str, str]], *,
+                   template: str = DEFAULT_TEMPLATE, answer_prefix: str = " ", max_length: int | None = None,
+                   max_tokens_per_call: int = MAX_TOKENS_PER_CALL, vocab_chunk: int = VOCAB_CHUNK,
+                   rules: shd.ShardingRules | None = None) -> np.ndarray:
+    """Dr.Free eq. 3 for each (context, question, answer): [N] float64.
+
+        l(A | c, q) = (1 / |A|) * sum_{i=1}^{|A|} log pi(a_i | prompt(c, q), a_<i)
+
+    prompt(c, q) = `format_prompt(c, q, template)` tokenised with the tokenizer's special tokens (BOS
+    where the model uses one); A = tokens of `answer_prefix + answer` without special tokens, appended
+    to the prompt tokens (the answer's tokens do not depend on the context). Prompts longer than
+    `max_length - |A|` lose tokens from the left. Rows are sorted by length and packed into as few
+    jitted calls as fit `max_tokens_per_call` padded tokens each; each call scores only the answer
+    span (left padding puts every answer at the right end).
+    """
+    if not triples:
+        return np.zeros((0,), np.float64)
+    answer_cache: dict[str, list[int]] = {}
+    rows, answer_lengths = [], []
+    for i, (context, question, answer) in enumerate(triples):
+        if not answer.strip():
+            raise ValueError(f"answer_logliks: triple {i} has an empty answer {answer!r} (no tokens to score)")
+        if answer not in answer_cache:
+            answer_cache[answer] = list(tokenizer.encode(answer_prefix + answer, add_special_tokens=False))
+        answer_ids = answer_cache[answer]
+        prompt_ids = list(tokenizer.encode(format_prompt(context, question, template), add_special_tokens=True))
+        if not prompt_ids:
+            raise ValueError(f"answer_logliks: triple {i} has an empty prompt; the answer needs a context token")
+        if max_length is not None:
+            keep = max_length - len(answer_ids)
+            if keep < 1:
+                raise ValueError(f"answer_logliks: triple {i}: answer of {len(answer_ids)} tokens does not fit "
+                                 f"max_length={max_length}")
+            prompt_ids = prompt_ids[-keep:]
+        rows.append(prompt_ids + answer_ids)
+        answer_lengths.append(len(answer_ids))
+    return _mean_tail_logprobs(model, params, rows, answer_lengths, max_tokens_per_call=max_tokens_per_call,
+                               vocab_chunk=vocab_chunk, rules=rules)
+
+
+def answer_loglik(model, params, tokenizer, contexts: Sequence[str], question: str, answer: str, *,
+                  template: str = DEFAULT_TEMPLATE, **kwargs) -> np.ndarray:
+    """Dr.Free eq. 3 of one (question, answer) under each context: [len(contexts)] float64.
+
+        l(A | c_j, q) = (1 / |A|) * sum_{i=1}^{|A|} log pi(a_i | prompt(c_j, q), a_<i)
+
+    All contexts go through one jitted call when they fit `max_tokens_per_call` (see `answer_logliks`
+    for the prompt/answer tokenisation and the keyword arguments).
+    """
+    return answer_logliks(model, params, tokenizer, [(c, question, answer) for c in contexts], template=template,
+                          **kwargs)
+
+
+def _mean_tail_logprobs(model, params, rows: list[list[int]], tails: list[int], *, max_tokens_per_call: int,
+                        vocab_chunk: int, rules) -> np.ndarray:
+    """mean(log p) over the last tails[i] tokens of each token row, packed into few bucketed calls."""
+    from searchjax.distributed import to_host
+    pad_id = model.config.pad_token_id or 0
+    order = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
+    result = np.zeros(len(rows), np.float64)
+    start = 0
+    while start < len(order):
+        length = pow2_bucket(len(rows[order[start]]), MIN_LENGTH_BUCKET)
+        room = 1 << max(0, (max_tokens_per_call // length).bit_length() - 1)  # pow2 rows that fit the budget
+        members = order[start:start + room]
+        start += len(members)
+        tail = min(pow2_bucket(max(tails[i] for i in members), MIN_ANSWER_BUCKET), length - 1)
+        ids = np.full((len(members), length), pad_id, np.int32)
+        mask = np.zeros((len(members), length), bool)
+        for r, i in enumerate(members):
+            ids[r, length - len(rows[i]):] = rows[i]
+            mask[r, length - len(rows[i]):] = True
+        ids, mask = _pad_left(ids, mask, length, _batch_bucket(len(members), params, rules), pad_id)
+        logp = to_host(_score_padded(model, params, ids, mask, 1.0, tail, vocab_chunk, rules))
+        for r, i in enumerate(members):
+            result[i] = logp[r, tail - tails[i]:].astype(np.float64).mean()
+    return result

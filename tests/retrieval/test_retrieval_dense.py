@@ -1,0 +1,93 @@
+"""Dense retrieval: recall on the default questions, ANN kinds against Flat, index directories and manifests."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from retrieval.index import (DenseIndex, DenseIndexConfig, IndexMismatchError, build_faiss, open_index,
+                             read_manifest, save_index)
+
+
+def _recall(results, questions):
+    return float(np.mean([any(h.title == q.gold_title for h in hits) for hits, q in zip(results, questions)]))
+
+
+def test_dense_recall_at_3_on_sample(dense_sample_index, dense_sample, questions):
+    results = dense_sample_index.search([q.question for q in questions], topk=3)
+    recall = _recall(results, questions)
+    rng = np.random.default_rng(0)
+    random_hits = [[dense_sample[i] for i in rng.choice(len(dense_sample), 3, replace=False)] for _ in questions]
+    baseline = _recall(random_hits, questions)
+    assert recall >= 0.9, recall
+    assert recall - baseline >= 0.8, (recall, baseline)
+    # Scores are cosine similarities of unit vectors, best first.
+    for hits in results:
+        assert len(hits) == 3 and all(1.0001 >= a.score >= b.score for a, b in zip(hits, hits[1:]))
+
+
+def test_flat_scores_are_inner_products_of_the_encoder(dense_sample_index, minilm):
+    query = "What is the capital of China?"
+    hits = dense_sample_index.search([query], topk=5)[0]
+    q = minilm.encode([query], is_query=True)[0]
+    p = minilm.encode([h.contents for h in hits])
+    np.testing.assert_allclose([h.score for h in hits], p @ q, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["hnsw", "ivfpq"])
+def test_approximate_indexes_recall_against_flat(dense_sample_index, questions, minilm, kind):
+    flat = dense_sample_index.faiss_index
+    vectors = flat.reconstruct_n(0, flat.ntotal)
+    queries = np.concatenate([minilm.encode([q.question for q in questions], is_query=True), vectors[::20] + 0.0])
+    _, truth = flat.search(queries, 10)
+    approx = build_faiss(vectors, DenseIndexConfig(kind=kind, ivf_nprobe=16, refine_k_factor=8))
+    _, found = approx.search(queries, 10)
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, truth)])
+    assert recall >= 0.9, (kind, recall)
+
+
+@pytest.fixture(scope="module")
+def small_dense_dir(tmp_path_factory, dense_sample_index, dense_sample, minilm):
+    flat = dense_sample_index.faiss_index      # reuse the sample's embeddings: no second encoding pass
+    index = DenseIndex.from_vectors(dense_sample[:64], minilm, flat.reconstruct_n(0, 64),
+                                    DenseIndexConfig(kind="hnsw", hnsw_ef_search=32))
+    directory = save_index(index, tmp_path_factory.mktemp("dense") / "idx")
+    return directory, index
+
+
+def test_dense_index_round_trip(small_dense_dir, minilm, dense_sample):
+    directory, index = small_dense_dir
+    manifest = read_manifest(directory)
+    assert manifest["index_type"] == "hnsw" and manifest["dims"] == 384 and manifest["num_passages"] == 64
+    assert manifest["encoder"]["name"] == "all-MiniLM-L6-v2" and manifest["params"]["hnsw_ef_search"] == 32
+    queries = ["a famous scientist", "a city in asia"]
+    loaded = open_index(directory, encoder=minilm, corpus=dense_sample[:64])
+    assert loaded.faiss_index.hnsw.efSearch == 32
+    assert loaded.search(queries, 4) == index.search(queries, 4)
+    reloaded = open_index(directory)            # encoder reloaded from the path the manifest records
+    assert [[h.id for h in r] for r in reloaded.search(queries, 4)] == [[h.id for h in r] for r in index.search(queries, 4)]
+
+
+def test_manifest_mismatch_is_refused(small_dense_dir, minilm, dense_sample, tmp_path):
+    directory, _ = small_dense_dir
+    other_encoder = dataclasses.replace(minilm, config=dataclasses.replace(
+        minilm.config, name="e5-small-v2", query_prefix="query: ", passage_prefix="passage: "))
+    with pytest.raises(IndexMismatchError, match="another encoder.*name: index has 'all-MiniLM-L6-v2'"):
+        open_index(directory, encoder=other_encoder)
+    with pytest.raises(IndexMismatchError, match="another corpus"):
+        open_index(directory, encoder=minilm, corpus=dense_sample[1:65])
+    # A corpus file edited after the build no longer matches the fingerprint.
+    import shutil
+    edited = tmp_path / "edited"
+    shutil.copytree(directory, edited)
+    lines = (edited / "corpus.jsonl").read_text().splitlines()
+    record = json.loads(lines[3])
+    record["contents"] += " (edited)"
+    lines[3] = json.dumps(record)
+    (edited / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(IndexMismatchError, match="has changed since the index was built"):
+        open_index(edited, encoder=minilm)
+    (edited / "manifest.json").unlink()
+    with pytest.raises(FileNotFoundError, match="not a searchjax index directory"):
+        open_index(edited)

@@ -1,0 +1,110 @@
+"""Text encoders against sentence-transformers / transformers, and the length-bucket planner."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from searchjax.models.encoder import length_bucket, load_encoder, plan_batches
+
+
+def _cosine_rows(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+
+def test_minilm_matches_sentence_transformers(minilm, minilm_dir, corpus):
+    from sentence_transformers import SentenceTransformer
+    passages = [p.contents for p in corpus[::100][:100]]          # 100 passages spread over the corpus
+    queries = ["who painted the mona lisa", "What is the height of K2?", "capital of australia"]
+    reference = SentenceTransformer(str(minilm_dir), device="cpu")
+    ref_p = reference.encode(passages, batch_size=32, convert_to_numpy=True)
+    ref_q = reference.encode(queries, convert_to_numpy=True)
+    ours_p = minilm.encode(passages)
+    ours_q = minilm.encode(queries, is_query=True)
+    assert ours_p.shape == (100, 384) and ours_p.dtype == np.float32
+    assert _cosine_rows(ours_p, ref_p).min() >= 0.99999
+    assert _cosine_rows(ours_q, ref_q).min() >= 0.99999
+    np.testing.assert_allclose(np.linalg.norm(ours_p, axis=1), 1.0, atol=1e-5)
+
+
+def test_plan_batches_covers_every_index_with_power_of_two_buckets():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(1, 300, size=203)
+    plans = plan_batches(lengths, batch_size=32, max_length=256)
+    seen = np.concatenate([idx for idx, _, _ in plans])
+    assert sorted(seen.tolist()) == list(range(203))
+    for idx, padded_length, rows in plans:
+        assert padded_length in (16, 32, 64, 128, 256)
+        assert padded_length >= min(lengths[idx].max(), 256)
+        assert rows >= len(idx) and rows & (rows - 1) == 0 and rows <= 32
+    assert [length_bucket(n, 2) for n in (1, 17, 25, 33, 49, 100, 129)] == [16, 24, 32, 48, 64, 128, 192]
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_dir(tmp_path_factory, minilm_dir):
+    """A 2-layer random-weight BERT saved by transformers, with MiniLM's tokenizer files."""
+    import torch
+    import transformers
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64, max_position_embeddings=512)
+    torch.manual_seed(0)
+    model = transformers.BertModel(config, add_pooling_layer=True).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():     # every tensor random, so a dropped bias or a swapped norm shows
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator)
+            param.copy_(1.0 + 0.3 * noise if "LayerNorm.weight" in name else 0.3 * noise)
+    directory = tmp_path_factory.mktemp("tiny-bert")
+    model.save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(minilm_dir / name, directory / name)
+    return directory, model
+
+
+@pytest.mark.parametrize("preset", ["e5-small-v2", "bge-small-en-v1.5"])
+def test_e5_and_bge_conventions_against_transformers(tiny_bert_dir, preset):
+    """E5: mean pooling with "query: " / "passage: "; BGE: [CLS] pooling with its query instruction."""
+    import torch
+    import transformers
+    directory, model = tiny_bert_dir
+    encoder = load_encoder(directory, preset=preset, batch_size=4)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory))
+    query_prefix = {"e5-small-v2": "query: ", "bge-small-en-v1.5":
+                    "Represent this sentence for searching relevant passages: "}[preset]
+    passage_prefix = {"e5-small-v2": "passage: ", "bge-small-en-v1.5": ""}[preset]
+    texts = ["who wrote hamlet", "The Eiffel Tower is a wrought-iron lattice tower in Paris.", "a b c d e f g"]
+
+    def reference(strings):
+        batch = tokenizer(strings, padding=True, truncation=True, max_length=512, return_tensors="pt")
+        with torch.no_grad():
+            hidden = model(**batch).last_hidden_state
+        if preset.startswith("bge"):
+            pooled = hidden[:, 0]
+        else:
+            m = batch["attention_mask"][..., None].float()
+            pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        return torch.nn.functional.normalize(pooled, dim=-1).numpy()
+
+    np.testing.assert_allclose(encoder.encode(texts, is_query=True), reference([query_prefix + t for t in texts]),
+                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(encoder.encode(texts), reference([passage_prefix + t for t in texts]),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_checkpoint_that_does_not_match_config_is_refused(tiny_bert_dir, tmp_path):
+    from searchjax.models.checkpoint_io import CheckpointError
+    directory, _ = tiny_bert_dir
+    broken = tmp_path / "broken"
+    shutil.copytree(directory, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["num_hidden_layers"] = 3
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="left unset.*layer_2"):
+        load_encoder(broken, preset="e5-small-v2")
+    config["num_hidden_layers"], config["intermediate_size"] = 2, 48
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"intermediate\.dense\.(weight|bias).*has shape"):
+        load_encoder(broken, preset="e5-small-v2")

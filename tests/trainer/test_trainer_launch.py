@@ -1,0 +1,53 @@
+"""One step of the real entry point, `python -m launch.train`, on a tiny model and the embedded default."""
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+from conftest import tiny_model_config
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_launch_train_runs_one_step_with_sft_warm_start(task_tokenizer, tmp_path):
+    from searchjax.agent import protocol
+    from searchjax.models import init_params, save_pretrained
+    tokenizer_dir, tokenizer = task_tokenizer
+    model_dir = tmp_path / "tiny_model"
+    config = tiny_model_config(vocab_size=tokenizer.vocab_size, max_position_embeddings=1024,
+                               eos_token_ids=tuple(tokenizer.eos_token_ids), pad_token_id=tokenizer.pad_token_id)
+    save_pretrained(config, init_params(config, jax.random.key(0)), model_dir)
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, model_dir / f.name)
+    demos = tmp_path / "demos.jsonl"
+    rng = np.random.default_rng(0)
+    demos.write_text("".join(json.dumps({"prompt_ids": rng.integers(3, 100, 20).tolist(),
+                                         "response_ids": rng.integers(3, 100, 10).tolist(),
+                                         "loss_mask": [1] * 5 + [0] * 5}) + "\n" for _ in range(8)))
+    workdir = tmp_path / "run"
+    command = [sys.executable, "-m", "launch.train", "--config", "configs/quickstart.py:smoke", "--workdir",
+               str(workdir), f"--config.model.path={model_dir}", f"--config.sft.demonstrations={demos}",
+               "--config.sft.steps=1", "--config.sft.batch_size=4", "--config.sft.micro_batch_size=2",
+               "--config.logging.progress_bar=False"]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
+                            env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1]
+    assert all(np.isfinite(v) for v in rows[0].values())
+    assert rows[0]["update/tokens"] > 0 and "eval/reward" in rows[0] and 0 <= rows[0]["reward/mean"] <= 1
+    assert len((workdir / "sft.jsonl").read_text().splitlines()) == 1
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == ["1"]
+    assert json.loads((workdir / "config.json").read_text())["model"]["path"] == str(model_dir)
+    dumped = [json.loads(line) for line in (workdir / "trajectories" / "step_000001.jsonl").read_text().splitlines()]
+    assert len(dumped) == 4  # 2 questions x 2 rollouts, prompt-major
+    assert [d["sample_index"] for d in dumped] == [0, 1, 0, 1] and dumped[0]["uid"] == dumped[1]["uid"]
+    for d in dumped:  # the prompt is the Search-R1 prompt of the question, through the chat template
+        assert tokenizer.decode(d["prompt_ids"]) == protocol.build_prompt(d["question"], tokenizer)
+        assert d["uid"].startswith("fanoutqa/") and len(d["loss_mask"]) == len(d["response_ids"])
