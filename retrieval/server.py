@@ -16,7 +16,7 @@ to its own topk. So 32 concurrent clients cost a few encoder calls, not 32, and 
 accepting requests while a batch runs. (With exact Flat search a slice of a top-K list equals the
 top-k; approximate indexes searched with a larger K can only return better candidates.)
 
-    python -m launch.serve_retriever --index_dir=... --port=8000
+    python -m launch.serve_retriever --index=bm25 --port=8000     # or --index=dense, or an index directory
 """
 
 from __future__ import annotations
@@ -26,9 +26,18 @@ import concurrent.futures
 import dataclasses
 import threading
 import time
-from typing import Sequence
+
+from pydantic import BaseModel, StrictBool, StrictInt, StrictStr
 
 from retrieval.corpus import Hit
+
+
+class RetrieveRequest(BaseModel):
+    """Search-R1's request body; strict types, so "3" is not a topk and 7 is not a query."""
+
+    queries: list[StrictStr]
+    topk: StrictInt | None = None
+    return_scores: StrictBool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,12 +141,6 @@ def create_app(index, limits: ServerLimits = ServerLimits()):
     """The FastAPI app serving `index` (anything with .search(queries, topk) -> list[list[Hit]])."""
     from fastapi import FastAPI, HTTPException, Request
     from fastapi.responses import JSONResponse
-    from pydantic import BaseModel, StrictBool, StrictInt, StrictStr
-
-    class RetrieveRequest(BaseModel):
-        queries: list[StrictStr]
-        topk: StrictInt | None = None
-        return_scores: StrictBool = False
 
     batcher = MicroBatcher(index, limits)
 
@@ -218,7 +221,3 @@ def run_server(index, *, host: str = "127.0.0.1", port: int = 8000, limits: Serv
     import uvicorn
     uvicorn.run(create_app(index, limits), host=host, port=port, log_level="info")
 
-
-def search_many(index, query_lists: Sequence[Sequence[str]], topk: int) -> list[list[list[Hit]]]:
-    """Reference semantics of the batcher: one search per request (used by tests to compare)."""
-    return [index.search(list(q), topk) for q in query_lists]

@@ -13,7 +13,8 @@ import pytest
 
 def tiny_model_config(vocab_size: int = 64, **overrides):
     from searchjax.models.presets import get_preset
-    return get_preset("tiny-qwen3", vocab_size=vocab_size, max_position_embeddings=512, **overrides)
+    overrides.setdefault("max_position_embeddings", 512)
+    return get_preset("tiny-qwen3", vocab_size=vocab_size, **overrides)
 
 
 @pytest.fixture(scope="session")
