@@ -12,20 +12,20 @@ _LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "
 
 
 def _qwen3(**kw) -> ModelConfig:
-  # Common Qwen3 fields: vocab 151936, head_dim 128, 8 kv heads, rope_theta 1e6, rms_norm_eps 1e-6,
-  # max_position_embeddings 40960, bos 151643, eos 151645 (<|im_end|>).
-  base = dict(architecture="qwen3", vocab_size=151936, head_dim=128, num_kv_heads=8, rope_theta=1_000_000.0,
-              rms_norm_eps=1e-6, qk_norm=True, max_position_embeddings=40960, bos_token_id=151643,
-              eos_token_ids=(151645,), pad_token_id=151643)
-  return ModelConfig(**{**base, **kw})
+    # Common Qwen3 fields: vocab 151936, head_dim 128, 8 kv heads, rope_theta 1e6, rms_norm_eps 1e-6,
+    # max_position_embeddings 40960, bos 151643, eos 151645 (<|im_end|>).
+    base = dict(architecture="qwen3", vocab_size=151936, head_dim=128, num_kv_heads=8, rope_theta=1_000_000.0,
+                rms_norm_eps=1e-6, qk_norm=True, max_position_embeddings=40960, bos_token_id=151643,
+                eos_token_ids=(151645,), pad_token_id=151643)
+    return ModelConfig(**{**base, **kw})
 
 
 def _qwen25(**kw) -> ModelConfig:
-  # Common Qwen2.5 fields: rope_theta 1e6, rms_norm_eps 1e-6, qkv bias, bos 151643; instruct eos 151645.
-  base = dict(architecture="qwen2", vocab_size=151936, rope_theta=1_000_000.0, rms_norm_eps=1e-6, qkv_bias=True,
-              max_position_embeddings=32768, bos_token_id=151643, eos_token_ids=(151645, 151643),
-              pad_token_id=151643)
-  return ModelConfig(**{**base, **kw})
+    # Common Qwen2.5 fields: rope_theta 1e6, rms_norm_eps 1e-6, qkv bias, bos 151643; instruct eos 151645.
+    base = dict(architecture="qwen2", vocab_size=151936, rope_theta=1_000_000.0, rms_norm_eps=1e-6, qkv_bias=True,
+                max_position_embeddings=32768, bos_token_id=151643, eos_token_ids=(151645, 151643),
+                pad_token_id=151643)
+    return ModelConfig(**{**base, **kw})
 
 
 _PRESETS = {
@@ -94,8 +94,8 @@ PRESET_NAMES = tuple(_PRESETS)
 
 
 def get_preset(name: str, **overrides) -> ModelConfig:
-  """The named ModelConfig, with field overrides (e.g. dtype="bfloat16", remat_policy="full")."""
-  if name not in _PRESETS:
-    raise KeyError(f"unknown model preset {name!r}; available: {', '.join(PRESET_NAMES)}")
-  config = _PRESETS[name]()
-  return config.replace(**overrides) if overrides else config
+    """The named ModelConfig, with field overrides (e.g. dtype="bfloat16", remat_policy="full")."""
+    if name not in _PRESETS:
+        raise KeyError(f"unknown model preset {name!r}; available: {', '.join(PRESET_NAMES)}")
+    config = _PRESETS[name]()
+    return config.replace(**overrides) if overrides else config

@@ -38,363 +38,363 @@ ROPE_TYPES = ("default", "linear", "llama3")
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Hyperparameters of the decoder; hashable, so a Transformer can be a static jit argument."""
-  architecture: str  # "llama" | "qwen2" | "qwen3" (HF model_type)
-  vocab_size: int
-  hidden_size: int
-  intermediate_size: int
-  num_layers: int
-  num_heads: int
-  num_kv_heads: int
-  head_dim: int
-  rope_theta: float = 10000.0
-  rope_scaling: Optional[Any] = None  # dict with "rope_type" (HF convention) or None; stored as a FrozenDict
-  rms_norm_eps: float = 1e-6
-  qkv_bias: bool = False
-  qk_norm: bool = False
-  tie_embeddings: bool = False
-  max_position_embeddings: int = 32768
-  dtype: str = "float32"  # compute dtype of activations and matmuls; logits are always returned in float32
-  param_dtype: str = "float32"  # storage dtype of parameters
-  scan_layers: bool = True  # False unrolls the layer scan (same parameter layout, longer compile, faster decode)
-  remat_policy: str = "none"  # one of REMAT_POLICIES
-  # jax.nn.dot_product_attention `implementation`: None lets JAX choose (XLA in jax 0.10, cuDNN when JAX learns
-  # to pick it), "xla", or "cudnn" (GPU only; bfloat16/float16 compute).
-  attention_impl: Optional[str] = None
-  bos_token_id: Optional[int] = None
-  eos_token_ids: tuple = ()
-  pad_token_id: Optional[int] = None
+    """Hyperparameters of the decoder; hashable, so a Transformer can be a static jit argument."""
+    architecture: str  # "llama" | "qwen2" | "qwen3" (HF model_type)
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[Any] = None  # dict with "rope_type" (HF convention) or None; stored as a FrozenDict
+    rms_norm_eps: float = 1e-6
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    tie_embeddings: bool = False
+    max_position_embeddings: int = 32768
+    dtype: str = "float32"  # compute dtype of activations and matmuls; logits are always returned in float32
+    param_dtype: str = "float32"  # storage dtype of parameters
+    scan_layers: bool = True  # False unrolls the layer scan (same parameter layout, longer compile, faster decode)
+    remat_policy: str = "none"  # one of REMAT_POLICIES
+    # jax.nn.dot_product_attention `implementation`: None lets JAX choose (XLA in jax 0.10, cuDNN when JAX learns
+    # to pick it), "xla", or "cudnn" (GPU only; bfloat16/float16 compute).
+    attention_impl: Optional[str] = None
+    bos_token_id: Optional[int] = None
+    eos_token_ids: tuple = ()
+    pad_token_id: Optional[int] = None
 
-  def __post_init__(self):
-    if self.architecture not in ARCHITECTURES:
-      raise ValueError(f"ModelConfig.architecture={self.architecture!r}; expected one of {ARCHITECTURES}")
-    if self.num_heads % self.num_kv_heads:
-      raise ValueError(f"ModelConfig.num_heads={self.num_heads} is not a multiple of "
-                       f"num_kv_heads={self.num_kv_heads}")
-    if self.head_dim % 2:
-      raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE")
-    if self.remat_policy not in REMAT_POLICIES:
-      raise ValueError(f"ModelConfig.remat_policy={self.remat_policy!r}; expected one of {REMAT_POLICIES}")
-    if self.attention_impl not in (None, "xla", "cudnn"):
-      raise ValueError(f"ModelConfig.attention_impl={self.attention_impl!r}; expected None, 'xla' or 'cudnn'")
-    for field in ("dtype", "param_dtype"):
-      value = getattr(self, field)
-      if value not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"ModelConfig.{field}={value!r}; expected float32, bfloat16 or float16")
-    if self.rope_scaling is not None:
-      scaling = FrozenDict(dict(self.rope_scaling))
-      rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-      if rope_type not in ROPE_TYPES:
-        raise ValueError(f"ModelConfig.rope_scaling rope_type={rope_type!r} is not supported; "
-                         f"supported: {ROPE_TYPES}")
-      object.__setattr__(self, "rope_scaling", scaling)
-    object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
+    def __post_init__(self):
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"ModelConfig.architecture={self.architecture!r}; expected one of {ARCHITECTURES}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"ModelConfig.num_heads={self.num_heads} is not a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE")
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"ModelConfig.remat_policy={self.remat_policy!r}; expected one of {REMAT_POLICIES}")
+        if self.attention_impl not in (None, "xla", "cudnn"):
+            raise ValueError(f"ModelConfig.attention_impl={self.attention_impl!r}; expected None, 'xla' or 'cudnn'")
+        for field in ("dtype", "param_dtype"):
+            value = getattr(self, field)
+            if value not in ("float32", "bfloat16", "float16"):
+                raise ValueError(f"ModelConfig.{field}={value!r}; expected float32, bfloat16 or float16")
+        if self.rope_scaling is not None:
+            scaling = FrozenDict(dict(self.rope_scaling))
+            rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+            if rope_type not in ROPE_TYPES:
+                raise ValueError(f"ModelConfig.rope_scaling rope_type={rope_type!r} is not supported; "
+                                 f"supported: {ROPE_TYPES}")
+            object.__setattr__(self, "rope_scaling", scaling)
+        object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
 
-  def replace(self, **changes) -> "ModelConfig":
-    return dataclasses.replace(self, **changes)
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
 
-  @property
-  def compute_dtype(self):
-    return jnp.dtype(self.dtype)
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
 
-  @property
-  def weight_dtype(self):
-    return jnp.dtype(self.param_dtype)
+    @property
+    def weight_dtype(self):
+        return jnp.dtype(self.param_dtype)
 
 
 @flax.struct.dataclass
 class KVCache:
-  """Keys/values of every layer for S slots. Slot s of row b holds a real token iff mask[b, s].
+    """Keys/values of every layer for S slots. Slot s of row b holds a real token iff mask[b, s].
 
-  k, v: [L, B, S, K, D]; mask: [B, S] bool; index: int32 scalar, the next slot to write (same for all rows).
-  The caller keeps index + T <= S: inside jit an overflowing write cannot raise (XLA clamps the slice start).
-  """
-  k: jax.Array
-  v: jax.Array
-  mask: jax.Array
-  index: jax.Array
+    k, v: [L, B, S, K, D]; mask: [B, S] bool; index: int32 scalar, the next slot to write (same for all rows).
+    The caller keeps index + T <= S: inside jit an overflowing write cannot raise (XLA clamps the slice start).
+    """
+    k: jax.Array
+    v: jax.Array
+    mask: jax.Array
+    index: jax.Array
 
 
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-  """An empty cache of max_len slots (dtype defaults to the compute dtype)."""
-  dtype = config.compute_dtype if dtype is None else jnp.dtype(dtype)
-  shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
-  return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-                 mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))
+    """An empty cache of max_len slots (dtype defaults to the compute dtype)."""
+    dtype = config.compute_dtype if dtype is None else jnp.dtype(dtype)
+    shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+                   mask=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))
 
 
 def rope_frequencies(config: ModelConfig) -> jax.Array:
-  """Inverse frequencies w_i = theta^(-2i/D), i < D/2, after the configured rescaling (HF conventions).
+    """Inverse frequencies w_i = theta^(-2i/D), i < D/2, after the configured rescaling (HF conventions).
 
-  llama3 (Llama 3.1): with wavelength lambda_i = 2 pi / w_i, L0 = original_max_position_embeddings,
-  w_i / factor if lambda_i > L0 / low_freq_factor; w_i if lambda_i < L0 / high_freq_factor; otherwise
-  (1 - s) w_i / factor + s w_i with s = (L0 / lambda_i - low_freq_factor) / (high_freq_factor - low_freq_factor).
-  linear: w_i / factor.
-  """
-  dim = config.head_dim
-  inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
-  scaling = config.rope_scaling
-  if scaling is None:
+    llama3 (Llama 3.1): with wavelength lambda_i = 2 pi / w_i, L0 = original_max_position_embeddings,
+    w_i / factor if lambda_i > L0 / low_freq_factor; w_i if lambda_i < L0 / high_freq_factor; otherwise
+    (1 - s) w_i / factor + s w_i with s = (L0 / lambda_i - low_freq_factor) / (high_freq_factor - low_freq_factor).
+    linear: w_i / factor.
+    """
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    if rope_type == "linear":
+        return inv_freq / scaling["factor"]
+    if rope_type == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = jnp.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return jnp.where(is_medium, smoothed, scaled)
     return inv_freq
-  rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-  if rope_type == "linear":
-    return inv_freq / scaling["factor"]
-  if rope_type == "llama3":
-    factor = scaling["factor"]
-    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-    old_len = scaling["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / inv_freq
-    scaled = jnp.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-    smooth = (old_len / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-    return jnp.where(is_medium, smoothed, scaled)
-  return inv_freq
 
 
 def rope_cos_sin(positions: jax.Array, config: ModelConfig):
-  """cos/sin tables [B, T, D] in float32 for integer positions [B, T] (HF: cat(freqs, freqs))."""
-  freqs = positions.astype(jnp.float32)[..., None] * rope_frequencies(config)  # [B, T, D/2]
-  emb = jnp.concatenate([freqs, freqs], axis=-1)
-  return jnp.cos(emb), jnp.sin(emb)
+    """cos/sin tables [B, T, D] in float32 for integer positions [B, T] (HF: cat(freqs, freqs))."""
+    freqs = positions.astype(jnp.float32)[..., None] * rope_frequencies(config)  # [B, T, D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-  """x [B, T, heads, D]; cos/sin [B, T, D]. Result in x.dtype (tables cast first, as HF does)."""
-  cos = cos[:, :, None, :].astype(x.dtype)
-  sin = sin[:, :, None, :].astype(x.dtype)
-  half = x.shape[-1] // 2
-  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-  return x * cos + rotated * sin
+    """x [B, T, heads, D]; cos/sin [B, T, D]. Result in x.dtype (tables cast first, as HF does)."""
+    cos = cos[:, :, None, :].astype(x.dtype)
+    sin = sin[:, :, None, :].astype(x.dtype)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
 
 
 def _init(initializer, names):
-  return nn.with_logical_partitioning(initializer, names)
+    return nn.with_logical_partitioning(initializer, names)
 
 
 class RMSNorm(nn.Module):
-  """w * x / sqrt(mean(x^2) + eps) over the last axis; the normalisation in f32, cast back before the scale (HF)."""
-  eps: float
-  logical_axis: str
-  param_dtype: Any
+    """w * x / sqrt(mean(x^2) + eps) over the last axis; the normalisation in f32, cast back before the scale (HF)."""
+    eps: float
+    logical_axis: str
+    param_dtype: Any
 
-  @nn.compact
-  def __call__(self, x):
-    scale = self.param("scale", _init(nn.initializers.ones, (self.logical_axis,)), (x.shape[-1],),
-                       self.param_dtype)
-    x32 = x.astype(jnp.float32)
-    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return scale.astype(x.dtype) * normed.astype(x.dtype)
+    @nn.compact
+    def __call__(self, x):
+        scale = self.param("scale", _init(nn.initializers.ones, (self.logical_axis,)), (x.shape[-1],),
+                           self.param_dtype)
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return scale.astype(x.dtype) * normed.astype(x.dtype)
 
 
 class Projection(nn.Module):
-  """einsum(equation, x, kernel) (+ bias): one linear map with logical axis names on its parameters."""
-  equation: str
-  kernel_shape: tuple
-  kernel_axes: tuple
-  bias_shape: Optional[tuple] = None
-  bias_axes: Optional[tuple] = None
-  dtype: Any = jnp.float32
-  param_dtype: Any = jnp.float32
-  out_dtype: Any = None  # accumulation/output dtype of the einsum (None: the compute dtype)
+    """einsum(equation, x, kernel) (+ bias): one linear map with logical axis names on its parameters."""
+    equation: str
+    kernel_shape: tuple
+    kernel_axes: tuple
+    bias_shape: Optional[tuple] = None
+    bias_axes: Optional[tuple] = None
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    out_dtype: Any = None  # accumulation/output dtype of the einsum (None: the compute dtype)
 
-  @nn.compact
-  def __call__(self, x):
-    kernel = self.param("kernel", _init(nn.initializers.normal(0.02), self.kernel_axes), self.kernel_shape,
-                        self.param_dtype)
-    y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype),
-                   preferred_element_type=self.out_dtype)
-    if self.bias_shape is not None:
-      bias = self.param("bias", _init(nn.initializers.zeros, self.bias_axes), self.bias_shape, self.param_dtype)
-      y = y + bias.astype(self.dtype)
-    return y
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param("kernel", _init(nn.initializers.normal(0.02), self.kernel_axes), self.kernel_shape,
+                            self.param_dtype)
+        y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype),
+                       preferred_element_type=self.out_dtype)
+        if self.bias_shape is not None:
+            bias = self.param("bias", _init(nn.initializers.zeros, self.bias_axes), self.bias_shape, self.param_dtype)
+            y = y + bias.astype(self.dtype)
+        return y
 
 
 class Embedding(nn.Module):
-  """Token embedding E [V, H]; attend(h) = h @ E^T for tied output embeddings (logits in float32)."""
-  config: ModelConfig
+    """Token embedding E [V, H]; attend(h) = h @ E^T for tied output embeddings (logits in float32)."""
+    config: ModelConfig
 
-  def setup(self):
-    cfg = self.config
-    self.embedding = self.param("embedding", _init(nn.initializers.normal(0.02), ("vocab", "embed")),
-                                (cfg.vocab_size, cfg.hidden_size), cfg.weight_dtype)
+    def setup(self):
+        cfg = self.config
+        self.embedding = self.param("embedding", _init(nn.initializers.normal(0.02), ("vocab", "embed")),
+                                    (cfg.vocab_size, cfg.hidden_size), cfg.weight_dtype)
 
-  def __call__(self, input_ids):
-    return jnp.take(self.embedding, input_ids, axis=0).astype(self.config.compute_dtype)
+    def __call__(self, input_ids):
+        return jnp.take(self.embedding, input_ids, axis=0).astype(self.config.compute_dtype)
 
-  def attend(self, x):
-    return jnp.einsum("bth,vh->btv", x, self.embedding.astype(self.config.compute_dtype),
-                      preferred_element_type=jnp.float32)
+    def attend(self, x):
+        return jnp.einsum("bth,vh->btv", x, self.embedding.astype(self.config.compute_dtype),
+                          preferred_element_type=jnp.float32)
 
 
 class Attention(nn.Module):
-  config: ModelConfig
+    config: ModelConfig
 
-  @nn.compact
-  def __call__(self, x, layer_cache, cos, sin, attn_mask, cache_index):
-    """x [B, T, H]; layer_cache None or (k, v) [B, S, K, D]; attn_mask [B, 1, T, S] bool."""
-    cfg = self.config
-    H, N, K, D = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    dt, pdt = cfg.compute_dtype, cfg.weight_dtype
+    @nn.compact
+    def __call__(self, x, layer_cache, cos, sin, attn_mask, cache_index):
+        """x [B, T, H]; layer_cache None or (k, v) [B, S, K, D]; attn_mask [B, 1, T, S] bool."""
+        cfg = self.config
+        H, N, K, D = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        dt, pdt = cfg.compute_dtype, cfg.weight_dtype
 
-    def proj(name, heads, head_axis):
-      bias = dict(bias_shape=(heads, D), bias_axes=(head_axis, "head_dim")) if cfg.qkv_bias else {}
-      return Projection("bth,hnd->btnd", (H, heads, D), ("embed", head_axis, "head_dim"), dtype=dt,
-                        param_dtype=pdt, name=name, **bias)(x)
+        def proj(name, heads, head_axis):
+            bias = dict(bias_shape=(heads, D), bias_axes=(head_axis, "head_dim")) if cfg.qkv_bias else {}
+            return Projection("bth,hnd->btnd", (H, heads, D), ("embed", head_axis, "head_dim"), dtype=dt,
+                              param_dtype=pdt, name=name, **bias)(x)
 
-    q = proj("q_proj", N, "q_heads")  # [B, T, N, D]
-    k = proj("k_proj", K, "kv_heads")  # [B, T, K, D]
-    v = proj("v_proj", K, "kv_heads")
-    if cfg.qk_norm:
-      q = RMSNorm(cfg.rms_norm_eps, "head_dim", pdt, name="q_norm")(q)
-      k = RMSNorm(cfg.rms_norm_eps, "head_dim", pdt, name="k_norm")(k)
-    q = apply_rope(q, cos, sin)
-    k = apply_rope(k, cos, sin)
-    new_cache = None
-    if layer_cache is not None:
-      cache_k, cache_v = layer_cache
-      cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, k.astype(cache_k.dtype), cache_index, axis=1)
-      cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v.astype(cache_v.dtype), cache_index, axis=1)
-      new_cache = (cache_k, cache_v)
-      k, v = cache_k.astype(dt), cache_v.astype(dt)  # [B, S, K, D]
-    out = jax.nn.dot_product_attention(q, k, v, mask=attn_mask, scale=D ** -0.5,
-                                       implementation=cfg.attention_impl)
-    out = Projection("btnd,ndh->bth", (N, D, H), ("q_heads", "head_dim", "embed"), dtype=dt, param_dtype=pdt,
-                     name="o_proj")(out)
-    return out, new_cache
+        q = proj("q_proj", N, "q_heads")  # [B, T, N, D]
+        k = proj("k_proj", K, "kv_heads")  # [B, T, K, D]
+        v = proj("v_proj", K, "kv_heads")
+        if cfg.qk_norm:
+            q = RMSNorm(cfg.rms_norm_eps, "head_dim", pdt, name="q_norm")(q)
+            k = RMSNorm(cfg.rms_norm_eps, "head_dim", pdt, name="k_norm")(k)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        new_cache = None
+        if layer_cache is not None:
+            cache_k, cache_v = layer_cache
+            cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, k.astype(cache_k.dtype), cache_index, axis=1)
+            cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v.astype(cache_v.dtype), cache_index, axis=1)
+            new_cache = (cache_k, cache_v)
+            k, v = cache_k.astype(dt), cache_v.astype(dt)  # [B, S, K, D]
+        out = jax.nn.dot_product_attention(q, k, v, mask=attn_mask, scale=D ** -0.5,
+                                           implementation=cfg.attention_impl)
+        out = Projection("btnd,ndh->bth", (N, D, H), ("q_heads", "head_dim", "embed"), dtype=dt, param_dtype=pdt,
+                         name="o_proj")(out)
+        return out, new_cache
 
 
 class MLP(nn.Module):
-  config: ModelConfig
+    config: ModelConfig
 
-  @nn.compact
-  def __call__(self, x):
-    cfg = self.config
-    H, F, dt, pdt = cfg.hidden_size, cfg.intermediate_size, cfg.compute_dtype, cfg.weight_dtype
-    gate = Projection("bth,hf->btf", (H, F), ("embed", "mlp"), dtype=dt, param_dtype=pdt, name="gate_proj")(x)
-    up = Projection("bth,hf->btf", (H, F), ("embed", "mlp"), dtype=dt, param_dtype=pdt, name="up_proj")(x)
-    return Projection("btf,fh->bth", (F, H), ("mlp", "embed"), dtype=dt, param_dtype=pdt,
-                      name="down_proj")(nn.silu(gate) * up)
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        H, F, dt, pdt = cfg.hidden_size, cfg.intermediate_size, cfg.compute_dtype, cfg.weight_dtype
+        gate = Projection("bth,hf->btf", (H, F), ("embed", "mlp"), dtype=dt, param_dtype=pdt, name="gate_proj")(x)
+        up = Projection("bth,hf->btf", (H, F), ("embed", "mlp"), dtype=dt, param_dtype=pdt, name="up_proj")(x)
+        return Projection("btf,fh->bth", (F, H), ("mlp", "embed"), dtype=dt, param_dtype=pdt,
+                          name="down_proj")(nn.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
-  """One pre-norm block; the scan body: (x, layer_cache) -> (x, new_layer_cache)."""
-  config: ModelConfig
+    """One pre-norm block; the scan body: (x, layer_cache) -> (x, new_layer_cache)."""
+    config: ModelConfig
 
-  @nn.compact
-  def __call__(self, x, layer_cache, cos, sin, attn_mask, cache_index):
-    cfg = self.config
-    pdt = cfg.weight_dtype
-    x = nn.with_logical_constraint(x, ("batch", "seq", "embed"))
-    h, new_cache = Attention(cfg, name="attn")(RMSNorm(cfg.rms_norm_eps, "embed", pdt, name="attn_norm")(x),
-                                                layer_cache, cos, sin, attn_mask, cache_index)
-    x = x + h
-    x = x + MLP(cfg, name="mlp")(RMSNorm(cfg.rms_norm_eps, "embed", pdt, name="mlp_norm")(x))
-    return x, new_cache
+    @nn.compact
+    def __call__(self, x, layer_cache, cos, sin, attn_mask, cache_index):
+        cfg = self.config
+        pdt = cfg.weight_dtype
+        x = nn.with_logical_constraint(x, ("batch", "seq", "embed"))
+        h, new_cache = Attention(cfg, name="attn")(RMSNorm(cfg.rms_norm_eps, "embed", pdt, name="attn_norm")(x),
+                                                    layer_cache, cos, sin, attn_mask, cache_index)
+        x = x + h
+        x = x + MLP(cfg, name="mlp")(RMSNorm(cfg.rms_norm_eps, "embed", pdt, name="mlp_norm")(x))
+        return x, new_cache
 
 
 def _remat_policy(name: str):
-  return {"full": None, "dots_saveable": jax.checkpoint_policies.dots_saveable,
-          "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[name]
+    return {"full": None, "dots_saveable": jax.checkpoint_policies.dots_saveable,
+            "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[name]
 
 
 def attention_mask(token_mask: jax.Array, slot_mask: jax.Array, first_slot) -> jax.Array:
-  """[B, 1, T, S] bool: query t (at slot first_slot + t) sees slot s iff slot_mask[b, s] and s <= its slot.
+    """[B, 1, T, S] bool: query t (at slot first_slot + t) sees slot s iff slot_mask[b, s] and s <= its slot.
 
-  Each query also sees its own slot, so a padding query never has an all-masked row (its output is unused,
-  but an all-masked softmax row is NaN in some attention kernels).
-  """
-  T, S = token_mask.shape[1], slot_mask.shape[1]
-  query_slot = first_slot + jnp.arange(T)[:, None]  # [T, 1]
-  key_slot = jnp.arange(S)[None, :]  # [1, S]
-  visible = (key_slot <= query_slot)[None] & slot_mask[:, None, :]  # [B, T, S]
-  visible = visible | (key_slot == query_slot)[None]
-  return visible[:, None]
+    Each query also sees its own slot, so a padding query never has an all-masked row (its output is unused,
+    but an all-masked softmax row is NaN in some attention kernels).
+    """
+    T, S = token_mask.shape[1], slot_mask.shape[1]
+    query_slot = first_slot + jnp.arange(T)[:, None]  # [T, 1]
+    key_slot = jnp.arange(S)[None, :]  # [1, S]
+    visible = (key_slot <= query_slot)[None] & slot_mask[:, None, :]  # [B, T, S]
+    visible = visible | (key_slot == query_slot)[None]
+    return visible[:, None]
 
 
 class Transformer(nn.Module):
-  """Decoder LM. __call__(input_ids, positions, token_mask, cache=None, return_hidden=False) -> (out, cache)."""
-  config: ModelConfig
+    """Decoder LM. __call__(input_ids, positions, token_mask, cache=None, return_hidden=False) -> (out, cache)."""
+    config: ModelConfig
 
-  @nn.compact
-  def __call__(self, input_ids, positions, token_mask, cache: Optional[KVCache] = None,
-               return_hidden: bool = False):
-    """input_ids, positions [B, T] int32; token_mask [B, T] bool (True = real token).
+    @nn.compact
+    def __call__(self, input_ids, positions, token_mask, cache: Optional[KVCache] = None,
+                 return_hidden: bool = False):
+        """input_ids, positions [B, T] int32; token_mask [B, T] bool (True = real token).
 
-    Without a cache: causal attention within the block, keys masked by token_mask. With a cache: the block is
-    written to slots [cache.index, cache.index + T) of every row and each query attends to the valid slots up to
-    its own. Returns (logits [B, T, V] float32 | final-normed hidden [B, T, H], updated cache or None).
-    """
-    cfg = self.config
-    dt, pdt = cfg.compute_dtype, cfg.weight_dtype
-    token_mask = token_mask.astype(bool)
-    embed = Embedding(cfg, name="embed")
-    x = embed(input_ids)
-    cos, sin = rope_cos_sin(positions, cfg)
-    if cache is None:
-      mask = attention_mask(token_mask, token_mask, 0)
-      cache_index, layer_caches, new_slot_mask = jnp.zeros((), jnp.int32), None, None
-    else:
-      cache_index = cache.index
-      new_slot_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, token_mask, cache.index, axis=1)
-      mask = attention_mask(token_mask, new_slot_mask, cache.index)
-      layer_caches = (cache.k, cache.v)
+        Without a cache: causal attention within the block, keys masked by token_mask. With a cache: the block is
+        written to slots [cache.index, cache.index + T) of every row and each query attends to the valid slots up to
+        its own. Returns (logits [B, T, V] float32 | final-normed hidden [B, T, H], updated cache or None).
+        """
+        cfg = self.config
+        dt, pdt = cfg.compute_dtype, cfg.weight_dtype
+        token_mask = token_mask.astype(bool)
+        embed = Embedding(cfg, name="embed")
+        x = embed(input_ids)
+        cos, sin = rope_cos_sin(positions, cfg)
+        if cache is None:
+            mask = attention_mask(token_mask, token_mask, 0)
+            cache_index, layer_caches, new_slot_mask = jnp.zeros((), jnp.int32), None, None
+        else:
+            cache_index = cache.index
+            new_slot_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, token_mask, cache.index, axis=1)
+            mask = attention_mask(token_mask, new_slot_mask, cache.index)
+            layer_caches = (cache.k, cache.v)
 
-    block = DecoderLayer
-    if cfg.remat_policy != "none":
-      block = nn.remat(block, policy=_remat_policy(cfg.remat_policy), prevent_cse=False)
-    layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                     in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
-                     unroll=1 if cfg.scan_layers else cfg.num_layers,
-                     metadata_params={nn.PARTITION_NAME: "layers"})
-    x, new_layer_caches = layers(cfg, name="layers")(x, layer_caches, cos, sin, mask, cache_index)
-    x = RMSNorm(cfg.rms_norm_eps, "embed", pdt, name="final_norm")(x)
-    new_cache = None
-    if cache is not None:
-      new_cache = KVCache(k=new_layer_caches[0], v=new_layer_caches[1], mask=new_slot_mask,
-                          index=cache.index + input_ids.shape[1])
-    if return_hidden:
-      return x, new_cache
-    if cfg.tie_embeddings:
-      logits = embed.attend(x)
-    else:
-      logits = Projection("bth,hv->btv", (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype=dt,
-                          param_dtype=pdt, out_dtype=jnp.float32, name="lm_head")(x)
-    logits = nn.with_logical_constraint(logits, ("batch", "seq", "vocab"))
-    return logits, new_cache
+        block = DecoderLayer
+        if cfg.remat_policy != "none":
+            block = nn.remat(block, policy=_remat_policy(cfg.remat_policy), prevent_cse=False)
+        layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                         in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
+                         unroll=1 if cfg.scan_layers else cfg.num_layers,
+                         metadata_params={nn.PARTITION_NAME: "layers"})
+        x, new_layer_caches = layers(cfg, name="layers")(x, layer_caches, cos, sin, mask, cache_index)
+        x = RMSNorm(cfg.rms_norm_eps, "embed", pdt, name="final_norm")(x)
+        new_cache = None
+        if cache is not None:
+            new_cache = KVCache(k=new_layer_caches[0], v=new_layer_caches[1], mask=new_slot_mask,
+                                index=cache.index + input_ids.shape[1])
+        if return_hidden:
+            return x, new_cache
+        if cfg.tie_embeddings:
+            logits = embed.attend(x)
+        else:
+            logits = Projection("bth,hv->btv", (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype=dt,
+                                param_dtype=pdt, out_dtype=jnp.float32, name="lm_head")(x)
+        logits = nn.with_logical_constraint(logits, ("batch", "seq", "vocab"))
+        return logits, new_cache
 
 
 def positions_from_mask(token_mask: jax.Array) -> jax.Array:
-  """RoPE positions [B, T] int32 from a [B, T] mask: cumsum(mask) - 1, clipped at 0 (left padding -> 0)."""
-  return jnp.maximum(jnp.cumsum(token_mask.astype(jnp.int32), axis=-1) - 1, 0)
+    """RoPE positions [B, T] int32 from a [B, T] mask: cumsum(mask) - 1, clipped at 0 (left padding -> 0)."""
+    return jnp.maximum(jnp.cumsum(token_mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
 def _abstract_boxed_params(config: ModelConfig):
-  model = Transformer(config)
-  ids = jnp.zeros((1, 1), jnp.int32)
-  return jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, ids.astype(bool)))["params"]
+    model = Transformer(config)
+    ids = jnp.zeros((1, 1), jnp.int32)
+    return jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, ids.astype(bool)))["params"]
 
 
 def param_logical_axes(config: ModelConfig):
-  """Pytree like params whose leaves are tuples of logical axis names, e.g. ("layers", "embed", "q_heads", ...)."""
-  boxed = _abstract_boxed_params(config)
-  return jax.tree.map(lambda p: tuple(p.names), boxed, is_leaf=lambda p: isinstance(p, nn.Partitioned))
+    """Pytree like params whose leaves are tuples of logical axis names, e.g. ("layers", "embed", "q_heads", ...)."""
+    boxed = _abstract_boxed_params(config)
+    return jax.tree.map(lambda p: tuple(p.names), boxed, is_leaf=lambda p: isinstance(p, nn.Partitioned))
 
 
 def abstract_params(config: ModelConfig):
-  """Pytree like params of jax.ShapeDtypeStruct (no memory allocated)."""
-  return nn.unbox(_abstract_boxed_params(config))
+    """Pytree like params of jax.ShapeDtypeStruct (no memory allocated)."""
+    return nn.unbox(_abstract_boxed_params(config))
 
 
 def init_params(config: ModelConfig, rng: jax.Array):
-  """Randomly initialised parameters as a plain dict (unboxed)."""
-  model = Transformer(config)
-  ids = jnp.zeros((1, 1), jnp.int32)
-  return nn.unbox(model.init(rng, ids, ids, ids.astype(bool))["params"])
+    """Randomly initialised parameters as a plain dict (unboxed)."""
+    model = Transformer(config)
+    ids = jnp.zeros((1, 1), jnp.int32)
+    return nn.unbox(model.init(rng, ids, ids, ids.astype(bool))["params"])
 
 
 def lm_head_weight(params, config: ModelConfig) -> jax.Array:
-  """The output projection [H, V] (the embedding transposed when tied), e.g. for chunked log-softmax."""
-  if config.tie_embeddings:
-    return params["embed"]["embedding"].T
-  return params["lm_head"]["kernel"]
+    """The output projection [H, V] (the embedding transposed when tied), e.g. for chunked log-softmax."""
+    if config.tie_embeddings:
+        return params["embed"]["embedding"].T
+    return params["lm_head"]["kernel"]

@@ -32,84 +32,84 @@ TINY_HF_CONFIGS = {
 
 
 def randomise_(model, seed):
-  """Every tensor random: matrices N(0, 0.2^2), biases N(0, 0.3^2), norm weights 1 + N(0, 0.3^2)."""
-  import torch
-  generator = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, param in model.named_parameters():
-      noise = torch.randn(param.shape, generator=generator, dtype=param.dtype)
-      if "norm" in name:
-        param.copy_(1.0 + 0.3 * noise)
-      elif name.endswith("bias"):
-        param.copy_(0.3 * noise)
-      else:
-        param.copy_(0.2 * noise)
+    """Every tensor random: matrices N(0, 0.2^2), biases N(0, 0.3^2), norm weights 1 + N(0, 0.3^2)."""
+    import torch
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator, dtype=param.dtype)
+            if "norm" in name:
+                param.copy_(1.0 + 0.3 * noise)
+            elif name.endswith("bias"):
+                param.copy_(0.3 * noise)
+            else:
+                param.copy_(0.2 * noise)
 
 
 @pytest.fixture(scope="session")
 def tiny_hf_checkpoints(tmp_path_factory):
-  """{preset name: (checkpoint dir, transformers model in eval mode)} for the three tiny architectures."""
-  import torch
-  import transformers
-  out = {}
-  for seed, (name, (config_class, kwargs)) in enumerate(TINY_HF_CONFIGS.items()):
-    config = getattr(transformers, config_class)(**kwargs)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
-                                                          dtype=torch.float32).eval()
-    randomise_(model, seed)
-    directory = tmp_path_factory.mktemp(name)
-    model.save_pretrained(directory)
-    out[name] = (directory, model)
-  return out
+    """{preset name: (checkpoint dir, transformers model in eval mode)} for the three tiny architectures."""
+    import torch
+    import transformers
+    out = {}
+    for seed, (name, (config_class, kwargs)) in enumerate(TINY_HF_CONFIGS.items()):
+        config = getattr(transformers, config_class)(**kwargs)
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
+                                                              dtype=torch.float32).eval()
+        randomise_(model, seed)
+        directory = tmp_path_factory.mktemp(name)
+        model.save_pretrained(directory)
+        out[name] = (directory, model)
+    return out
 
 
 @pytest.fixture(scope="session")
 def tiny_loaded(tiny_hf_checkpoints):
-  """{preset name: (model, params)} loaded by our load_pretrained in float32."""
-  from searchjax.models import load_pretrained
-  return {name: load_pretrained(directory) for name, (directory, _) in tiny_hf_checkpoints.items()}
+    """{preset name: (model, params)} loaded by our load_pretrained in float32."""
+    from searchjax.models import load_pretrained
+    return {name: load_pretrained(directory) for name, (directory, _) in tiny_hf_checkpoints.items()}
 
 
 @pytest.fixture(scope="session")
 def padded_batch():
-  """A left-padded batch: ids [3, 12] int32 (pads = 0), mask [3, 12] bool; rows have 0, 3 and 7 pads."""
-  rng = np.random.default_rng(0)
-  ids = rng.integers(3, 256, size=(3, 12)).astype(np.int32)
-  mask = np.ones((3, 12), bool)
-  for row, pads in enumerate((0, 3, 7)):
-    mask[row, :pads] = False
-    ids[row, :pads] = 0
-  return ids, mask
+    """A left-padded batch: ids [3, 12] int32 (pads = 0), mask [3, 12] bool; rows have 0, 3 and 7 pads."""
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, 256, size=(3, 12)).astype(np.int32)
+    mask = np.ones((3, 12), bool)
+    for row, pads in enumerate((0, 3, 7)):
+        mask[row, :pads] = False
+        ids[row, :pads] = 0
+    return ids, mask
 
 
 def hf_forward(model, ids, mask):
-  """transformers logits [B, T, V] float32 with HF's own left-padding convention (positions = cumsum - 1)."""
-  import torch
-  ids_t = torch.as_tensor(np.asarray(ids), dtype=torch.long)
-  mask_t = torch.as_tensor(np.asarray(mask), dtype=torch.long)
-  positions = (mask_t.cumsum(-1) - 1).clamp(min=0)
-  with torch.no_grad():
-    return model(input_ids=ids_t, attention_mask=mask_t, position_ids=positions).logits.float().numpy()
+    """transformers logits [B, T, V] float32 with HF's own left-padding convention (positions = cumsum - 1)."""
+    import torch
+    ids_t = torch.as_tensor(np.asarray(ids), dtype=torch.long)
+    mask_t = torch.as_tensor(np.asarray(mask), dtype=torch.long)
+    positions = (mask_t.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        return model(input_ids=ids_t, attention_mask=mask_t, position_ids=positions).logits.float().numpy()
 
 
 @pytest.fixture(scope="session")
 def hf_logits():
-  return hf_forward
+    return hf_forward
 
 
 @pytest.fixture(scope="session")
 def smollm2_hf_reference(smollm2_gguf_path):
-  """transformers' own GGUF loader on the same SmolLM2 file (dequantised to float32), eval mode."""
-  import torch
-  from transformers import AutoModelForCausalLM
-  model = AutoModelForCausalLM.from_pretrained(str(smollm2_gguf_path.parent), gguf_file=smollm2_gguf_path.name,
-                                               dtype=torch.float32)
-  return model.eval()
+    """transformers' own GGUF loader on the same SmolLM2 file (dequantised to float32), eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(smollm2_gguf_path.parent), gguf_file=smollm2_gguf_path.name,
+                                                 dtype=torch.float32)
+    return model.eval()
 
 
 @pytest.fixture(scope="session")
 def smollm2_hf_tokenizer(smollm2_gguf_path):
-  """transformers' tokenizer built directly from the GGUF metadata (no cache)."""
-  from transformers import AutoTokenizer
-  return AutoTokenizer.from_pretrained(str(smollm2_gguf_path.parent), gguf_file=smollm2_gguf_path.name)
+    """transformers' tokenizer built directly from the GGUF metadata (no cache)."""
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(smollm2_gguf_path.parent), gguf_file=smollm2_gguf_path.name)

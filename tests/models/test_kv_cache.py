@@ -14,79 +14,79 @@ ATOL = 1e-5
 
 @functools.partial(jax.jit, static_argnums=0)
 def _jitted_apply(model, params, ids, positions, mask, cache):
-  return model.apply({"params": params}, ids, positions, mask, cache)
+    return model.apply({"params": params}, ids, positions, mask, cache)
 
 
 def _apply(model, params, ids, positions, mask, cache=None):
-  # One compile per (model, block length, cache or not): a handful per test.
-  return _jitted_apply(model, params, jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(mask), cache)
+    # One compile per (model, block length, cache or not): a handful per test.
+    return _jitted_apply(model, params, jnp.asarray(ids), jnp.asarray(positions), jnp.asarray(mask), cache)
 
 
 def _full_forward(model, params, ids, mask):
-  logits, _ = _apply(model, params, ids, positions_from_mask(jnp.asarray(mask)), mask)
-  return np.asarray(logits)
+    logits, _ = _apply(model, params, ids, positions_from_mask(jnp.asarray(mask)), mask)
+    return np.asarray(logits)
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3"])
 def test_prefill_then_decode_equals_full_forward(name, tiny_loaded, padded_batch):
-  model, params = tiny_loaded[name]
-  ids, mask = padded_batch
-  reference = _full_forward(model, params, ids, mask)
-  positions = np.asarray(positions_from_mask(jnp.asarray(mask)))
-  cache = init_cache(model.config, ids.shape[0], 16, jnp.float32)
-  logits, cache = _apply(model, params, ids[:, :8], positions[:, :8], mask[:, :8], cache)
-  pieces = [np.asarray(logits)]
-  for t in range(8, 12):
-    logits, cache = _apply(model, params, ids[:, t:t + 1], positions[:, t:t + 1], mask[:, t:t + 1], cache)
-    pieces.append(np.asarray(logits))
-  stepwise = np.concatenate(pieces, axis=1)
-  assert int(cache.index) == 12
-  np.testing.assert_array_equal(np.asarray(cache.mask), np.concatenate([mask, np.zeros((3, 4), bool)], 1))
-  np.testing.assert_allclose(stepwise[mask], reference[mask], rtol=0, atol=ATOL)
+    model, params = tiny_loaded[name]
+    ids, mask = padded_batch
+    reference = _full_forward(model, params, ids, mask)
+    positions = np.asarray(positions_from_mask(jnp.asarray(mask)))
+    cache = init_cache(model.config, ids.shape[0], 16, jnp.float32)
+    logits, cache = _apply(model, params, ids[:, :8], positions[:, :8], mask[:, :8], cache)
+    pieces = [np.asarray(logits)]
+    for t in range(8, 12):
+        logits, cache = _apply(model, params, ids[:, t:t + 1], positions[:, t:t + 1], mask[:, t:t + 1], cache)
+        pieces.append(np.asarray(logits))
+    stepwise = np.concatenate(pieces, axis=1)
+    assert int(cache.index) == 12
+    np.testing.assert_array_equal(np.asarray(cache.mask), np.concatenate([mask, np.zeros((3, 4), bool)], 1))
+    np.testing.assert_allclose(stepwise[mask], reference[mask], rtol=0, atol=ATOL)
 
 
 def test_block_with_masked_slots_in_the_middle(tiny_loaded):
-  """Turn 1 (left-padded prompt), turn 2 a block whose pad slots sit between real tokens, then 2 decode steps.
+    """Turn 1 (left-padded prompt), turn 2 a block whose pad slots sit between real tokens, then 2 decode steps.
 
-  Reference: each row's real tokens alone, compacted and left-padded, through one no-cache forward.
-  """
-  model, params = tiny_loaded["tiny-qwen2"]
-  rng = np.random.default_rng(1)
-  mask1 = np.array([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1]], bool)
-  mask2 = np.array([[1, 1, 0, 0, 1], [0, 1, 1, 1, 1], [1, 0, 1, 0, 1]], bool)
-  mask3 = np.ones((3, 2), bool)
-  blocks = [(rng.integers(3, 256, m.shape).astype(np.int32) * m, m) for m in (mask1, mask2, mask3)]
-  all_mask = np.concatenate([m for _, m in blocks], axis=1)
-  all_ids = np.concatenate([i for i, _ in blocks], axis=1)
-  all_positions = np.asarray(positions_from_mask(jnp.asarray(all_mask)))
+    Reference: each row's real tokens alone, compacted and left-padded, through one no-cache forward.
+    """
+    model, params = tiny_loaded["tiny-qwen2"]
+    rng = np.random.default_rng(1)
+    mask1 = np.array([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1], [0, 0, 0, 0, 1, 1]], bool)
+    mask2 = np.array([[1, 1, 0, 0, 1], [0, 1, 1, 1, 1], [1, 0, 1, 0, 1]], bool)
+    mask3 = np.ones((3, 2), bool)
+    blocks = [(rng.integers(3, 256, m.shape).astype(np.int32) * m, m) for m in (mask1, mask2, mask3)]
+    all_mask = np.concatenate([m for _, m in blocks], axis=1)
+    all_ids = np.concatenate([i for i, _ in blocks], axis=1)
+    all_positions = np.asarray(positions_from_mask(jnp.asarray(all_mask)))
 
-  cache = init_cache(model.config, 3, 16, jnp.float32)
-  pieces = []
-  logits, cache = _apply(model, params, blocks[0][0], all_positions[:, :6], mask1, cache)
-  pieces.append(np.asarray(logits))
-  logits, cache = _apply(model, params, blocks[1][0], all_positions[:, 6:11], mask2, cache)
-  pieces.append(np.asarray(logits))
-  for t in (11, 12):
-    logits, cache = _apply(model, params, all_ids[:, t:t + 1], all_positions[:, t:t + 1], all_mask[:, t:t + 1],
-                           cache)
+    cache = init_cache(model.config, 3, 16, jnp.float32)
+    pieces = []
+    logits, cache = _apply(model, params, blocks[0][0], all_positions[:, :6], mask1, cache)
     pieces.append(np.asarray(logits))
-  ours = np.concatenate(pieces, axis=1)[all_mask]  # real tokens, row-major
+    logits, cache = _apply(model, params, blocks[1][0], all_positions[:, 6:11], mask2, cache)
+    pieces.append(np.asarray(logits))
+    for t in (11, 12):
+        logits, cache = _apply(model, params, all_ids[:, t:t + 1], all_positions[:, t:t + 1], all_mask[:, t:t + 1],
+                               cache)
+        pieces.append(np.asarray(logits))
+    ours = np.concatenate(pieces, axis=1)[all_mask]  # real tokens, row-major
 
-  lengths = all_mask.sum(1)
-  width = lengths.max()
-  compact_ids = np.zeros((3, width), np.int32)
-  compact_mask = np.zeros((3, width), bool)
-  for row in range(3):
-    compact_ids[row, width - lengths[row]:] = all_ids[row][all_mask[row]]
-    compact_mask[row, width - lengths[row]:] = True
-  reference = _full_forward(model, params, compact_ids, compact_mask)[compact_mask]
-  np.testing.assert_allclose(ours, reference, rtol=0, atol=ATOL)
+    lengths = all_mask.sum(1)
+    width = lengths.max()
+    compact_ids = np.zeros((3, width), np.int32)
+    compact_mask = np.zeros((3, width), bool)
+    for row in range(3):
+        compact_ids[row, width - lengths[row]:] = all_ids[row][all_mask[row]]
+        compact_mask[row, width - lengths[row]:] = True
+    reference = _full_forward(model, params, compact_ids, compact_mask)[compact_mask]
+    np.testing.assert_allclose(ours, reference, rtol=0, atol=ATOL)
 
 
 def test_left_padding_does_not_change_a_row(tiny_loaded, padded_batch):
-  """No cache: the row with 7 pads equals its 5 real tokens run alone (positions from the mask)."""
-  model, params = tiny_loaded["tiny-llama"]
-  ids, mask = padded_batch
-  padded = _full_forward(model, params, ids, mask)[2, 7:]
-  alone = _full_forward(model, params, ids[2:, 7:], mask[2:, 7:])[0]
-  np.testing.assert_allclose(padded, alone, rtol=0, atol=ATOL)
+    """No cache: the row with 7 pads equals its 5 real tokens run alone (positions from the mask)."""
+    model, params = tiny_loaded["tiny-llama"]
+    ids, mask = padded_batch
+    padded = _full_forward(model, params, ids, mask)[2, 7:]
+    alone = _full_forward(model, params, ids[2:, 7:], mask[2:, 7:])[0]
+    np.testing.assert_allclose(padded, alone, rtol=0, atol=ATOL)

@@ -20,56 +20,56 @@ BF16_MAX_ABS_TOL = 1.0
 
 
 def _token_logprobs(logits, ids):
-  logp = jax.nn.log_softmax(jnp.asarray(logits[:, :-1], jnp.float32), axis=-1)
-  return np.asarray(jnp.take_along_axis(logp, jnp.asarray(ids)[:, 1:, None], axis=-1)[..., 0])
+    logp = jax.nn.log_softmax(jnp.asarray(logits[:, :-1], jnp.float32), axis=-1)
+    return np.asarray(jnp.take_along_axis(logp, jnp.asarray(ids)[:, 1:, None], axis=-1)[..., 0])
 
 
 def _our_logits(model, params, ids):
-  mask = jnp.ones(ids.shape, bool)
-  logits, _ = jax.jit(model.apply)({"params": params}, jnp.asarray(ids), positions_from_mask(mask), mask)
-  return np.asarray(logits)
+    mask = jnp.ones(ids.shape, bool)
+    logits, _ = jax.jit(model.apply)({"params": params}, jnp.asarray(ids), positions_from_mask(mask), mask)
+    return np.asarray(logits)
 
 
 def test_logprobs_match_transformers_gguf_loader(smollm2, smollm2_hf_reference):
-  import torch
-  model, params, tokenizer = smollm2
-  ids = np.array([tokenizer.encode(SENTENCE)], np.int32)
-  ours = _our_logits(model, params, ids)
-  with torch.no_grad():
-    reference = smollm2_hf_reference(torch.as_tensor(ids, dtype=torch.long)).logits.float().numpy()
-  ours_lp, reference_lp = _token_logprobs(ours, ids), _token_logprobs(reference, ids)
-  np.testing.assert_allclose(ours_lp, reference_lp, rtol=0, atol=1e-3)
-  assert reference_lp.mean() > -4.0  # real weights: an English sentence is likely
-  assert ours[0, -1].argmax() == reference[0, -1].argmax()
-  np.testing.assert_array_equal(ours.argmax(-1), reference.argmax(-1))
+    import torch
+    model, params, tokenizer = smollm2
+    ids = np.array([tokenizer.encode(SENTENCE)], np.int32)
+    ours = _our_logits(model, params, ids)
+    with torch.no_grad():
+        reference = smollm2_hf_reference(torch.as_tensor(ids, dtype=torch.long)).logits.float().numpy()
+    ours_lp, reference_lp = _token_logprobs(ours, ids), _token_logprobs(reference, ids)
+    np.testing.assert_allclose(ours_lp, reference_lp, rtol=0, atol=1e-3)
+    assert reference_lp.mean() > -4.0  # real weights: an English sentence is likely
+    assert ours[0, -1].argmax() == reference[0, -1].argmax()
+    np.testing.assert_array_equal(ours.argmax(-1), reference.argmax(-1))
 
 
 def test_bfloat16_compute_close_to_float32(smollm2):
-  model, params, tokenizer = smollm2
-  ids = np.array([tokenizer.encode(SENTENCE)], np.int32)
-  float32_lp = _token_logprobs(_our_logits(model, params, ids), ids)
-  bf16_model = Transformer(model.config.replace(dtype="bfloat16", param_dtype="bfloat16"))
-  bf16_params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
-  bf16_logits = _our_logits(bf16_model, bf16_params, ids)
-  assert bf16_logits.dtype == np.float32
-  diff = np.abs(_token_logprobs(bf16_logits, ids) - float32_lp)
-  print(f"bf16 vs f32 log-probs: mean |diff| {diff.mean():.4f}, max {diff.max():.4f}")
-  assert diff.mean() < BF16_MEAN_ABS_TOL and diff.max() < BF16_MAX_ABS_TOL
+    model, params, tokenizer = smollm2
+    ids = np.array([tokenizer.encode(SENTENCE)], np.int32)
+    float32_lp = _token_logprobs(_our_logits(model, params, ids), ids)
+    bf16_model = Transformer(model.config.replace(dtype="bfloat16", param_dtype="bfloat16"))
+    bf16_params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+    bf16_logits = _our_logits(bf16_model, bf16_params, ids)
+    assert bf16_logits.dtype == np.float32
+    diff = np.abs(_token_logprobs(bf16_logits, ids) - float32_lp)
+    print(f"bf16 vs f32 log-probs: mean |diff| {diff.mean():.4f}, max {diff.max():.4f}")
+    assert diff.mean() < BF16_MEAN_ABS_TOL and diff.max() < BF16_MAX_ABS_TOL
 
 
 def test_closed_book_greedy_equals_transformers_generate(smollm2, smollm2_hf_reference):
-  """launch/closed_book's jitted prefill + KV-cache loop reproduces transformers' greedy tokens (batched, left
-  padded, two prompts of different lengths)."""
-  import torch
-  from launch.closed_book import greedy_generate
-  model, params, tokenizer = smollm2
-  questions = ["What is the capital of France?", "Name a famous painting by Leonardo da Vinci."]
-  prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}])) for q in questions]
-  ours = greedy_generate(model, params, prompts, max_new_tokens=12, eos_ids=tokenizer.eos_token_ids,
-                         pad_id=tokenizer.pad_token_id, bucket=16)
-  for prompt, generated in zip(prompts, ours):
-    with torch.no_grad():
-      reference = smollm2_hf_reference.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
-                                                eos_token_id=list(tokenizer.eos_token_ids),
-                                                pad_token_id=tokenizer.pad_token_id)
-    assert generated == reference[0, len(prompt):].tolist()
+    """launch/closed_book's jitted prefill + KV-cache loop reproduces transformers' greedy tokens (batched, left
+    padded, two prompts of different lengths)."""
+    import torch
+    from launch.closed_book import greedy_generate
+    model, params, tokenizer = smollm2
+    questions = ["What is the capital of France?", "Name a famous painting by Leonardo da Vinci."]
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}])) for q in questions]
+    ours = greedy_generate(model, params, prompts, max_new_tokens=12, eos_ids=tokenizer.eos_token_ids,
+                           pad_id=tokenizer.pad_token_id, bucket=16)
+    for prompt, generated in zip(prompts, ours):
+        with torch.no_grad():
+            reference = smollm2_hf_reference.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                                      eos_token_id=list(tokenizer.eos_token_ids),
+                                                      pad_token_id=tokenizer.pad_token_id)
+        assert generated == reference[0, len(prompt):].tolist()

@@ -11,80 +11,80 @@ from searchjax.models.presets import get_preset
 
 
 def _loss_and_grads(model, params, ids, mask):
-  def loss(p):
-    logits, _ = model.apply({"params": p}, ids, positions_from_mask(mask), mask)
-    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-    picked = jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
-    return -(picked * mask[:, 1:]).sum()
-  return jax.jit(jax.value_and_grad(loss))(params)
+    def loss(p):
+        logits, _ = model.apply({"params": p}, ids, positions_from_mask(mask), mask)
+        logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+        picked = jnp.take_along_axis(logp, ids[:, 1:, None], axis=-1)[..., 0]
+        return -(picked * mask[:, 1:]).sum()
+    return jax.jit(jax.value_and_grad(loss))(params)
 
 
 def test_remat_policies_give_same_loss_and_grads(tiny_loaded, padded_batch):
-  model, params = tiny_loaded["tiny-qwen3"]
-  ids, mask = (jnp.asarray(x) for x in padded_batch)
-  reference_loss, reference_grads = _loss_and_grads(model, params, ids, mask)
-  for policy in ("full", "dots_saveable"):
-    loss, grads = _loss_and_grads(Transformer(model.config.replace(remat_policy=policy)), params, ids, mask)
-    np.testing.assert_allclose(loss, reference_loss, rtol=1e-5, err_msg=policy)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=policy),
-                 grads, reference_grads)
+    model, params = tiny_loaded["tiny-qwen3"]
+    ids, mask = (jnp.asarray(x) for x in padded_batch)
+    reference_loss, reference_grads = _loss_and_grads(model, params, ids, mask)
+    for policy in ("full", "dots_saveable"):
+        loss, grads = _loss_and_grads(Transformer(model.config.replace(remat_policy=policy)), params, ids, mask)
+        np.testing.assert_allclose(loss, reference_loss, rtol=1e-5, err_msg=policy)
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=policy),
+                     grads, reference_grads)
 
 
 def test_unrolled_layers_give_same_logits(tiny_loaded, padded_batch):
-  """scan_layers=False unrolls the layer loop over the same stacked parameters."""
-  model, params = tiny_loaded["tiny-llama"]
-  ids, mask = (jnp.asarray(x) for x in padded_batch)
-  run = lambda m: np.asarray(jax.jit(m.apply)({"params": params}, ids, positions_from_mask(mask), mask)[0])
-  np.testing.assert_allclose(run(Transformer(model.config.replace(scan_layers=False))), run(model),
-                             rtol=1e-5, atol=1e-5)
+    """scan_layers=False unrolls the layer loop over the same stacked parameters."""
+    model, params = tiny_loaded["tiny-llama"]
+    ids, mask = (jnp.asarray(x) for x in padded_batch)
+    run = lambda m: np.asarray(jax.jit(m.apply)({"params": params}, ids, positions_from_mask(mask), mask)[0])
+    np.testing.assert_allclose(run(Transformer(model.config.replace(scan_layers=False))), run(model),
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen2"])
 def test_param_logical_axes_cover_every_parameter(name):
-  config = get_preset(name)
-  axes, shapes = param_logical_axes(config), abstract_params(config)
-  is_axes = lambda x: isinstance(x, tuple)
-  assert jax.tree.structure(axes, is_leaf=is_axes) == jax.tree.structure(shapes)
-  allowed = {"layers", "vocab", "embed", "mlp", "q_heads", "kv_heads", "head_dim"}
-  for names, shape in zip(jax.tree.leaves(axes, is_leaf=is_axes), jax.tree.leaves(shapes)):
-    assert len(names) == len(shape.shape) and set(names) <= allowed
-  assert axes["layers"]["attn"]["q_proj"]["kernel"] == ("layers", "embed", "q_heads", "head_dim")
-  assert axes["layers"]["attn"]["o_proj"]["kernel"] == ("layers", "q_heads", "head_dim", "embed")
-  assert axes["embed"]["embedding"] == ("vocab", "embed")
-  assert shapes["layers"]["attn"]["k_proj"]["kernel"].shape == (config.num_layers, config.hidden_size,
-                                                                 config.num_kv_heads, config.head_dim)
-  assert ("lm_head" in shapes) == (not config.tie_embeddings)
-  assert ("bias" in shapes["layers"]["attn"]["q_proj"]) == config.qkv_bias
-  assert ("q_norm" in shapes["layers"]["attn"]) == config.qk_norm
+    config = get_preset(name)
+    axes, shapes = param_logical_axes(config), abstract_params(config)
+    is_axes = lambda x: isinstance(x, tuple)
+    assert jax.tree.structure(axes, is_leaf=is_axes) == jax.tree.structure(shapes)
+    allowed = {"layers", "vocab", "embed", "mlp", "q_heads", "kv_heads", "head_dim"}
+    for names, shape in zip(jax.tree.leaves(axes, is_leaf=is_axes), jax.tree.leaves(shapes)):
+        assert len(names) == len(shape.shape) and set(names) <= allowed
+    assert axes["layers"]["attn"]["q_proj"]["kernel"] == ("layers", "embed", "q_heads", "head_dim")
+    assert axes["layers"]["attn"]["o_proj"]["kernel"] == ("layers", "q_heads", "head_dim", "embed")
+    assert axes["embed"]["embedding"] == ("vocab", "embed")
+    assert shapes["layers"]["attn"]["k_proj"]["kernel"].shape == (config.num_layers, config.hidden_size,
+                                                                   config.num_kv_heads, config.head_dim)
+    assert ("lm_head" in shapes) == (not config.tie_embeddings)
+    assert ("bias" in shapes["layers"]["attn"]["q_proj"]) == config.qkv_bias
+    assert ("q_norm" in shapes["layers"]["attn"]) == config.qk_norm
 
 
 def test_lm_head_weight_and_hidden_states(tiny_loaded, padded_batch):
-  """logits == final hidden @ lm_head_weight, tied and untied."""
-  ids, mask = (jnp.asarray(x) for x in padded_batch)
-  for name in ("tiny-qwen2", "tiny-llama"):
-    model, params = tiny_loaded[name]
-    apply = jax.jit(model.apply, static_argnames="return_hidden")
-    logits, _ = apply({"params": params}, ids, positions_from_mask(mask), mask)
-    hidden, _ = apply({"params": params}, ids, positions_from_mask(mask), mask, return_hidden=True)
-    weight = lm_head_weight(params, model.config)
-    assert weight.shape == (model.config.hidden_size, model.config.vocab_size)
-    np.testing.assert_allclose(logits, hidden @ weight, rtol=1e-5, atol=1e-5)
+    """logits == final hidden @ lm_head_weight, tied and untied."""
+    ids, mask = (jnp.asarray(x) for x in padded_batch)
+    for name in ("tiny-qwen2", "tiny-llama"):
+        model, params = tiny_loaded[name]
+        apply = jax.jit(model.apply, static_argnames="return_hidden")
+        logits, _ = apply({"params": params}, ids, positions_from_mask(mask), mask)
+        hidden, _ = apply({"params": params}, ids, positions_from_mask(mask), mask, return_hidden=True)
+        weight = lm_head_weight(params, model.config)
+        assert weight.shape == (model.config.hidden_size, model.config.vocab_size)
+        np.testing.assert_allclose(logits, hidden @ weight, rtol=1e-5, atol=1e-5)
 
 
 def test_init_cache_layout():
-  config = get_preset("tiny-qwen3")
-  cache = init_cache(config, 3, 10, jnp.bfloat16)
-  assert cache.k.shape == cache.v.shape == (2, 3, 10, 2, 16) and cache.k.dtype == jnp.bfloat16
-  assert cache.mask.shape == (3, 10) and not cache.mask.any() and int(cache.index) == 0
+    config = get_preset("tiny-qwen3")
+    cache = init_cache(config, 3, 10, jnp.bfloat16)
+    assert cache.k.shape == cache.v.shape == (2, 3, 10, 2, 16) and cache.k.dtype == jnp.bfloat16
+    assert cache.mask.shape == (3, 10) and not cache.mask.any() and int(cache.index) == 0
 
 
 def test_config_validation_names_the_field():
-  base = get_preset("tiny-llama")
-  with pytest.raises(ValueError, match="num_heads=5 is not a multiple of num_kv_heads=2"):
-    base.replace(num_heads=5)
-  with pytest.raises(ValueError, match="remat_policy='sometimes'"):
-    base.replace(remat_policy="sometimes")
-  with pytest.raises(ValueError, match="rope_type='yarn'"):
-    base.replace(rope_scaling={"rope_type": "yarn", "factor": 4.0})
-  assert hash(base) == hash(get_preset("tiny-llama"))  # hashable: usable as a static jit argument
-  assert isinstance(base, ModelConfig)
+    base = get_preset("tiny-llama")
+    with pytest.raises(ValueError, match="num_heads=5 is not a multiple of num_kv_heads=2"):
+        base.replace(num_heads=5)
+    with pytest.raises(ValueError, match="remat_policy='sometimes'"):
+        base.replace(remat_policy="sometimes")
+    with pytest.raises(ValueError, match="rope_type='yarn'"):
+        base.replace(rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    assert hash(base) == hash(get_preset("tiny-llama"))  # hashable: usable as a static jit argument
+    assert isinstance(base, ModelConfig)
