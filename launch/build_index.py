@@ -19,6 +19,7 @@ The embedded-default indexes that `retrieval.default_index()` uses are built the
 
 from __future__ import annotations
 
+import os
 import time
 
 from absl import app, flags, logging
@@ -37,7 +38,7 @@ HNSW_M = flags.DEFINE_integer("hnsw_m", 32, "HNSW graph degree.")
 HNSW_EF_SEARCH = flags.DEFINE_integer("hnsw_ef_search", 64, "HNSW search candidate list.")
 IVF_NLIST = flags.DEFINE_integer("ivf_nlist", 0, "IVF cells (0 = automatic).")
 IVF_NPROBE = flags.DEFINE_integer("ivf_nprobe", 16, "IVF cells probed per query.")
-REFINE_K_FACTOR = flags.DEFINE_integer("refine_k_factor", 4, "IVF-PQ candidates re-ranked exactly, x topk.")
+REFINE_K_FACTOR = flags.DEFINE_integer("refine_k_factor", 16, "IVF-PQ candidates re-ranked exactly, x topk.")
 REFERENCE_CORPUS = flags.DEFINE_bool("reference_corpus", False, "Record --corpus's path in the manifest "
                                      "instead of copying it into the index directory.")
 OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an existing index directory.")
@@ -53,6 +54,8 @@ def main(argv):
     from retrieval.index import DenseIndex, DenseIndexConfig, save_index
     if REFERENCE_CORPUS.value and not CORPUS.value:
         raise app.UsageError("--reference_corpus needs --corpus")
+    if os.path.exists(OUT_DIR.value) and not OVERWRITE.value:   # before minutes of encoding, not after
+        raise app.UsageError(f"--out_dir={OUT_DIR.value} exists; pass --overwrite to replace it")
     passages = read_jsonl_corpus(CORPUS.value) if CORPUS.value else default_corpus()
     logging.info("corpus: %d passages", len(passages))
     start = time.perf_counter()

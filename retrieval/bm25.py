@@ -20,12 +20,14 @@ import dataclasses
 import json
 import os
 import pathlib
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import bm25s
 import numpy as np
 
 from retrieval.corpus import Hit, Passage
+
+if TYPE_CHECKING:
+    import bm25s
 
 __all__ = ["BM25Index", "Hit"]
 
@@ -34,6 +36,7 @@ _PARAMS_FILE = "bm25_params.json"
 
 def tokenize(texts: Sequence[str], stopwords: str = "en") -> list[list[str]]:
     """Lowercased word tokens (>= 2 word characters) without English stop words, one list per text."""
+    import bm25s   # here, not at module level: bm25s imports jax and scipy (seconds)
     return bm25s.tokenize(list(texts), lower=True, stopwords=stopwords, return_ids=False, show_progress=False)
 
 
@@ -55,6 +58,7 @@ class BM25Index:
         passages = list(passages)
         if not passages:
             raise ValueError("BM25Index.build: no passages to index")
+        import bm25s
         model = bm25s.BM25(k1=k1, b=b, method="lucene", backend="numpy")
         model.index(tokenize([p.contents for p in passages], stopwords), show_progress=False)
         return cls(passages=passages, model=model, k1=k1, b=b, stopwords=stopwords)
@@ -101,6 +105,7 @@ class BM25Index:
         if not params_path.exists():
             raise FileNotFoundError(f"{params_path} is missing: {directory} is not a BM25 index directory")
         params = json.loads(params_path.read_text())
+        import bm25s
         model = bm25s.BM25.load(str(directory), load_corpus=False, mmap=False, show_progress=False, verbosity=0)
         passages = list(passages)
         if model.scores["num_docs"] != len(passages):

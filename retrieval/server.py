@@ -137,14 +137,17 @@ def _document(hit: Hit) -> dict:
     return {"id": hit.id, "contents": hit.contents}
 
 
-def create_app(index, limits: ServerLimits = ServerLimits()):
-    """The FastAPI app serving `index` (anything with .search(queries, topk) -> list[list[Hit]])."""
+def create_app(index, limits: ServerLimits = ServerLimits(), *, warmup: bool = True):
+    """The FastAPI app serving `index` (anything with .search(queries, topk) -> list[list[Hit]]).
+    With warmup, `index.warmup()` (when it has one) runs at startup, before requests are accepted."""
     from fastapi import FastAPI, HTTPException, Request
     from fastapi.responses import JSONResponse
 
     batcher = MicroBatcher(index, limits)
 
     async def lifespan(app):
+        if warmup and hasattr(index, "warmup"):   # compile query shapes before the first request arrives
+            await asyncio.get_running_loop().run_in_executor(batcher.executor, index.warmup)
         batcher.start()
         yield
         await batcher.stop()
@@ -198,10 +201,10 @@ class RunningServer:
 
 
 def serve_in_thread(index, *, host: str = "127.0.0.1", port: int = 0, limits: ServerLimits = ServerLimits(),
-                    startup_timeout_s: float = 30.0) -> RunningServer:
+                    warmup: bool = True, startup_timeout_s: float = 600.0) -> RunningServer:
     """Start the app on host:port (port 0 = an ephemeral port) in a daemon thread; returns once it accepts."""
     import uvicorn
-    app = create_app(index, limits)
+    app = create_app(index, limits, warmup=warmup)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", timeout_keep_alive=30)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="retrieval-server", daemon=True)
@@ -216,8 +219,9 @@ def serve_in_thread(index, *, host: str = "127.0.0.1", port: int = 0, limits: Se
     return RunningServer(server, thread, f"http://{host}:{bound_port}", app)
 
 
-def run_server(index, *, host: str = "127.0.0.1", port: int = 8000, limits: ServerLimits = ServerLimits()) -> None:
+def run_server(index, *, host: str = "127.0.0.1", port: int = 8000, limits: ServerLimits = ServerLimits(),
+               warmup: bool = True) -> None:
     """Serve in the foreground until interrupted (launch/serve_retriever.py)."""
     import uvicorn
-    uvicorn.run(create_app(index, limits), host=host, port=port, log_level="info")
+    uvicorn.run(create_app(index, limits, warmup=warmup), host=host, port=port, log_level="info")
 

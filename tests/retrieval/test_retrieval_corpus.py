@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import pathlib
 
 import pytest
 
@@ -81,3 +82,23 @@ def test_default_question_set_rule(corpus, questions):
     by_question = {q.question: q for q in questions}
     assert by_question["What is the capital of China?"].golden_answers == ("Beijing",)
     assert by_question["What is the headquarter of Apple?"].gold_title == "Apple Inc."
+
+
+def test_package_import_is_lazy():
+    """`import retrieval` must not pull in bm25s / jax / faiss (seconds); the public names still resolve."""
+    import subprocess
+    import sys
+    code = ("import sys, retrieval\n"
+            "heavy = sorted(m for m in ('bm25s', 'jax', 'faiss', 'scipy', 'torch') if m in sys.modules)\n"
+            "assert not heavy, heavy\n"
+            "from retrieval import open_index, default_index, BM25Index, Hit, Passage, format_passages\n"
+            "import retrieval.bm25, retrieval.index, retrieval.client\n"
+            "assert not [m for m in ('bm25s', 'jax') if m in sys.modules]\n"
+            "assert retrieval.open_index is retrieval.index.open_index and 'default_index' in dir(retrieval)\n"
+            "print('ok')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=pathlib.Path(__file__).resolve().parents[2])
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    import retrieval
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        retrieval.not_a_name

@@ -91,3 +91,54 @@ def test_manifest_mismatch_is_refused(small_dense_dir, minilm, dense_sample, tmp
     (edited / "manifest.json").unlink()
     with pytest.raises(FileNotFoundError, match="not a searchjax index directory"):
         open_index(edited)
+
+
+class _CountingEncoder:
+    """Wraps an encoder and counts the passages it embeds (queries are not counted)."""
+
+    def __init__(self, inner):
+        self.inner, self.passages_encoded = inner, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def encode(self, texts, *, is_query=False):
+        self.passages_encoded += 0 if is_query else len(texts)
+        return self.inner.encode(texts, is_query=is_query)
+
+
+def test_default_index_is_built_once_and_keyed_by_corpus(monkeypatch, tmp_path, dense_sample, minilm):
+    """default_index caches under <cache>/indexes in a directory named by what the manifest validates: a
+    second process (fresh memo) opens it without encoding; HNSW reuses the Flat vectors; another corpus
+    gets its own directory instead of a refused or stale index."""
+    import retrieval.index as index_module
+    import searchjax.models.encoder as encoder_module
+    from retrieval.bm25 import BM25Index
+    encoder = _CountingEncoder(minilm)
+    passages = dense_sample[:48]
+    monkeypatch.setenv("SEARCHJAX_CACHE", str(tmp_path))
+    monkeypatch.setattr(index_module, "default_corpus", lambda: passages)
+    monkeypatch.setattr(encoder_module, "load_encoder", lambda *a, **k: encoder)
+    monkeypatch.setattr(index_module, "_DEFAULT_INDEXES", {})
+    flat = index_module.default_index("dense")
+    assert encoder.passages_encoded == 48
+    hnsw = index_module.default_index("dense", index_type="hnsw")
+    assert encoder.passages_encoded == 48 and hnsw.config.kind == "hnsw"      # built from Flat's stored vectors
+    bm25 = index_module.default_index("bm25")
+    names = sorted(p.name for p in (tmp_path / "indexes").iterdir())
+    fingerprint = index_module.corpus_fingerprint(passages)[:12]
+    assert len(names) == 3 and all(n.endswith(fingerprint) for n in names), names
+    assert {read_manifest(tmp_path / "indexes" / n)["index_type"] for n in names} == {"flat", "hnsw", "bm25"}
+
+    monkeypatch.setattr(index_module, "_DEFAULT_INDEXES", {})                 # as a new process would start
+    monkeypatch.setattr(BM25Index, "build", classmethod(lambda *a, **k: pytest.fail("BM25 rebuilt")))
+    queries = ["a famous scientist", "a city in asia"]
+    assert index_module.default_index("dense").search(queries, 3) == flat.search(queries, 3)
+    assert index_module.default_index("dense", index_type="hnsw").search(queries, 3) == hnsw.search(queries, 3)
+    assert index_module.default_index("bm25").search(queries, 3) == bm25.search(queries, 3)
+    assert encoder.passages_encoded == 48
+
+    monkeypatch.setattr(index_module, "_DEFAULT_INDEXES", {})
+    monkeypatch.setattr(index_module, "default_corpus", lambda: passages[:40])
+    assert index_module.default_index("dense").size == 40 and encoder.passages_encoded == 88
+    assert len(list((tmp_path / "indexes").iterdir())) == 4

@@ -41,6 +41,11 @@ def test_plan_batches_covers_every_index_with_power_of_two_buckets():
         assert padded_length >= min(lengths[idx].max(), 256)
         assert rows >= len(idx) and rows & (rows - 1) == 0 and rows <= 32
     assert [length_bucket(n, 2) for n in (1, 17, 25, 33, 49, 100, 129)] == [16, 24, 32, 48, 64, 128, 192]
+    capped = plan_batches(lengths, batch_size=64, max_length=256, steps_per_octave=2, max_batch_tokens=1024)
+    assert sorted(np.concatenate([idx for idx, _, _ in capped]).tolist()) == list(range(203))
+    for idx, padded_length, rows in capped:
+        assert rows * padded_length <= 1024 and rows >= len(idx) and padded_length >= min(lengths[idx].max(), 256)
+    assert {(len(idx), n) for idx, n, _ in capped if n == 256} == {(4, 256)}   # 1024 tokens / 256 = 4 rows
 
 
 @pytest.fixture(scope="module")

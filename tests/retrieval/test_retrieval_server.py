@@ -18,7 +18,11 @@ class CountingIndex:
 
     def __init__(self, index):
         self.index, self.calls, self.lock = index, [], threading.Lock()
-        self.size = index.size
+        self.size, self.warmed = index.size, False
+
+    def warmup(self):
+        self.index.warmup()
+        self.warmed = True
 
     def search(self, queries, topk):
         with self.lock:
@@ -37,8 +41,8 @@ def dense_server(dense_sample_index):
 
 
 def test_search_r1_request_and_response_shapes(dense_server, dense_sample_index):
-    server, _ = dense_server
-    assert server.url.startswith("http://127.0.0.1:")
+    server, counting = dense_server
+    assert server.url.startswith("http://127.0.0.1:") and counting.warmed   # warmed up before serving
     queries = ["What is the capital of China?", "Who founded Microsoft?"]
     body = httpx.post(f"{server.url}/retrieve", json={"queries": queries, "topk": 3, "return_scores": True}).json()
     expected = dense_sample_index.search(queries, 3)
@@ -122,3 +126,38 @@ def test_unreachable_server_raises_clear_error():
         with pytest.raises(RetrieverUnavailableError,
                            match=rf"127\.0\.0\.1:{port}/retrieve unreachable after 3 attempts"):
             client.search(["anything"], 3)
+
+
+def test_serve_retriever_entry_point(tmp_path, corpus):
+    """launch/serve_retriever.py end to end on an index directory (a subprocess on a free loopback port)."""
+    import pathlib
+    import subprocess
+    import sys
+    import time
+    from retrieval.bm25 import BM25Index
+    from retrieval.index import save_index
+    index = BM25Index.build(corpus[:200])
+    directory = save_index(index, tmp_path / "bm25")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "launch.serve_retriever", f"--index={directory}", f"--port={port}"],
+                              cwd=pathlib.Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stdout.read()[-2000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()["passages"] == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "serve_retriever did not start within 120 s"
+            time.sleep(0.2)
+        queries = ["music of the baroque", "a river in europe"]
+        with HttpRetriever(f"http://127.0.0.1:{port}") as client:
+            assert client.search(queries, 3) == index.search(queries, 3)
+    finally:
+        server.terminate()
+        server.wait(30)
