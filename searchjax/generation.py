@@ -29,14 +29,22 @@ their stop reason).
 
 Compilations. Parameters, the state, the budget, temperature, top-p and the stop table are traced
 arguments; the static ones are the model (its config), `logits_fn`, the sampling mode (greedy / top-k
-value / nucleus on-off), the EOS ids and the mesh. Shapes are bucketed:
+value / nucleus on-off), the EOS ids, the decode window and the mesh. Shapes are bucketed:
   batch B  -> d * 2^k (d = the mesh's batch shard count, 1 without a mesh),
   prompt P -> 2^k >= 8 (only if that leaves no free slot: a multiple of 16, else the exact length),
-  append A -> 2^k >= 16 (only if that does not fit: a multiple of 16),
+  append A -> 2^k >= 16 (`append_bucket`; only if that does not fit: a multiple of 16),
+  decode window W -> 2^k >= 16 covering the slots used after the call, capped at S (`decode_window`),
   stop-automaton states -> 2^k >= 8, and for `generate` the cache S = P + 2^k >= P + max_new_tokens.
-So for a fixed (B, S) a session compiles prefill once per prompt bucket (<= log2(S) of them), decode once per
-(sampling mode, stop-state bucket), and append at most log2(S / 16) + 1 times (plus multiples of 16 only when
-the cache is nearly full).
+Bound: for a fixed (B, S), model and mesh, a session compiles prefill once per prompt bucket (<= log2(S) - 2
+of them), append at most log2(S / 16) + 1 times (plus multiples of 16 only when the cache is nearly full),
+and decode at most (log2(S / 16) + 2) times per (sampling mode, stop-state bucket) pair -- one per window.
+A rollout with one sampling setting and one stop set thus compiles at most ~3 log2(S) programs in all
+(S = 2048: <= 9 prefill + 8 append + 9 decode), and every later batch of the same (B, S) reuses them.
+
+Decode step cost. Each step reads every weight once, plus the window's keys and values: the step runs
+the model's layers with the cache as a loop carry written in place one slot per layer (`_decode_forward`),
+attends over the window W rather than all S slots, and samples without sorting the vocabulary
+(`searchjax.sampling`), so its time grows with the text so far, not with max_cache_len.
 
 Capacity. A decode of n tokens needs n free slots and an append of A needs A; both are checked on the host
 before launching anything and raise `CacheCapacityError` with the numbers, leaving the session usable.
@@ -65,7 +73,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from searchjax import sampling, sharding, stop_strings
-from searchjax.models import KVCache, init_cache, lm_head_weight, positions_from_mask
+from searchjax.models import KVCache, init_cache, lm_head_weight, positions_from_mask, transformer
 
 RUNNING, EOS, STOP, LENGTH = 0, 1, 2, 3
 STOP_REASONS = {EOS: "eos", STOP: "stop", LENGTH: "length"}
@@ -139,11 +147,21 @@ def prompt_bucket(prompt_ids: Sequence[Sequence[int]]) -> int:
   return _pow2_at_least(max(len(p) for p in prompt_ids), 8)
 
 
-def _append_bucket(width: int, slots_left: int) -> int:
+def append_bucket(width: int, slots_left: Optional[int] = None) -> int:
+  """Cache slots an `append` of a `width`-token block takes: the next power of two >= 16, or, when that
+  exceeds `slots_left` (the cache is nearly full), the next multiple of 16. With slots_left=None: the power
+  of two, i.e. the most one append of up to `width` tokens can take (for sizing a cache ahead of time)."""
   bucket = _pow2_at_least(width, 16)
-  if bucket > slots_left:  # near the end of the cache, waste less: a multiple of 16 that fits
+  if slots_left is not None and bucket > slots_left:  # near the end of the cache, waste less
     bucket = -(-width // 16) * 16
   return bucket
+
+
+def decode_window(slots_needed: int, cache_len: int) -> int:
+  """Cache slots one `decode` call attends over: the next power of two (>= 16) of the slots it can reach
+  (used + max_new_tokens), capped at the cache length. Slots past it are still empty, so attention over the
+  window equals attention over the whole cache, at a cost that grows with the text, not the cache."""
+  return min(_pow2_at_least(slots_needed, 16), cache_len)
 
 
 def _check_tokens(rows, name: str, vocab_size: int, allow_empty: bool) -> list:
@@ -201,6 +219,63 @@ def _next_logits(params, model, logits_fn, ids, positions, mask, cache, tokens, 
   return logits, cache
 
 
+def _decode_forward(params, model, token, position, running, cache: KVCache):
+  """One token per row (token/position/running [B]) through the model -> (logits [B, V] f32, cache).
+
+  The same layers as `model.apply` (the model's own Embedding / DecoderLayer / RMSNorm modules, applied to
+  its parameters), but the layer loop carries the stacked [L, B, S, K, D] cache and writes only the new
+  slot of each layer back into it (`dynamic_update_slice` on a loop carry, done in place by XLA). The
+  model's `nn.scan` passes the cache as scanned inputs/outputs instead, which makes XLA build a fresh
+  stacked cache and copy it every call: harmless once per prefill or append, but it is most of a decode
+  step's time (several full-cache copies per token).
+  """
+  config = model.config
+  index = cache.index
+  x = transformer.Embedding(config).apply({"params": params["embed"]}, token[:, None])  # [B, 1, H]
+  cos, sin = transformer.rope_cos_sin(position[:, None], config)
+  slot_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, running[:, None], index, axis=1)
+  attn_mask = transformer.attention_mask(running[:, None], slot_mask, index)
+  layer = transformer.DecoderLayer(config)
+
+  def body(carry, layer_params_and_index):
+    x, k_all, v_all = carry
+    layer_params, i = layer_params_and_index
+    layer_cache = (jax.lax.dynamic_index_in_dim(k_all, i, 0, keepdims=False),
+                   jax.lax.dynamic_index_in_dim(v_all, i, 0, keepdims=False))
+    x, (k_layer, v_layer) = layer.apply({"params": layer_params}, x, layer_cache, cos, sin, attn_mask, index)
+    start = (i, 0, index, 0, 0)
+    k_all = jax.lax.dynamic_update_slice(k_all, jax.lax.dynamic_slice_in_dim(k_layer, index, 1, 1)[None], start)
+    v_all = jax.lax.dynamic_update_slice(v_all, jax.lax.dynamic_slice_in_dim(v_layer, index, 1, 1)[None], start)
+    return (x, k_all, v_all), None
+
+  layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
+  (x, k_all, v_all), _ = jax.lax.scan(body, (x, cache.k, cache.v), (params["layers"], layer_ids),
+                                      unroll=1 if config.scan_layers else config.num_layers)
+  hidden = transformer.RMSNorm(config.rms_norm_eps, "embed", config.weight_dtype).apply(
+      {"params": params["final_norm"]}, x)
+  head = lm_head_weight(params, config).astype(config.compute_dtype)
+  logits = jnp.einsum("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head,
+                      preferred_element_type=jnp.float32)
+  return logits, KVCache(k=k_all, v=v_all, mask=slot_mask, index=index + 1)
+
+
+def _window(cache: Optional[KVCache], window: int) -> Optional[KVCache]:
+  """The first `window` slots of the cache (a copy, once per decode call)."""
+  if cache is None or window >= cache.mask.shape[1]:
+    return cache
+  return KVCache(k=cache.k[:, :, :window], v=cache.v[:, :, :window], mask=cache.mask[:, :window],
+                 index=cache.index)
+
+
+def _unwindow(full: Optional[KVCache], part: Optional[KVCache]) -> Optional[KVCache]:
+  """Write a windowed cache back over the first slots of the full one (in place: the full one is donated)."""
+  if full is None or part.mask.shape[1] == full.mask.shape[1]:
+    return part
+  return KVCache(k=jax.lax.dynamic_update_slice_in_dim(full.k, part.k, 0, axis=2),
+                 v=jax.lax.dynamic_update_slice_in_dim(full.v, part.v, 0, axis=2),
+                 mask=jax.lax.dynamic_update_slice_in_dim(full.mask, part.mask, 0, axis=1), index=part.index)
+
+
 @functools.partial(jax.jit, static_argnames=("model", "logits_fn", "cache_len", "mesh", "rules"))
 def _prefill(params, prompt_ids, prompt_mask, tokens, lengths, done, row_keys, *, model, logits_fn,
              cache_len, mesh, rules) -> SamplerState:
@@ -217,18 +292,20 @@ def _prefill(params, prompt_ids, prompt_mask, tokens, lengths, done, row_keys, *
   return _constrain(state, mesh, rules)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "logits_fn", "mode", "eos_token_ids", "mesh", "rules"),
-                   donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("model", "logits_fn", "mode", "eos_token_ids", "window", "mesh",
+                                             "rules"), donate_argnames=("state",))
 def _decode(params, state: SamplerState, budget, temperature, top_p, stop_next_state, stop_match, *, model,
-            logits_fn, mode, eos_token_ids, mesh, rules) -> SamplerState:
+            logits_fn, mode, eos_token_ids, window, mesh, rules) -> SamplerState:
   """Sample until every row has stopped or `budget` steps ran. One step = sample a token for each running
-  row from next_logits, advance its stop automaton, write it, and feed it to get the next logits.
-  Static: model, logits_fn, mode (recompile); dynamic: budget, temperature, top_p, the stop table."""
+  row from next_logits, advance its stop automaton, write it, and feed it to get the next logits. The loop
+  runs on the cache's first `window` slots (`decode_window`; the host guarantees the call stays inside).
+  Static: model, logits_fn, mode, window (recompile); dynamic: budget, temperature, top_p, the stop table."""
   batch, width = state.tokens.shape
   rows = jnp.arange(batch)
   eos = jnp.asarray(eos_token_ids if eos_token_ids else (-1,), jnp.int32)
-  state = state.replace(step=jnp.zeros((), jnp.int32), turn_start=state.lengths,
-                        stop_state=jnp.zeros_like(state.stop_state))
+  full_cache = state.cache
+  state = state.replace(cache=_window(full_cache, window), step=jnp.zeros((), jnp.int32),
+                        turn_start=state.lengths, stop_state=jnp.zeros_like(state.stop_state))
 
   def keep_going(st: SamplerState):
     return (st.step < budget) & ~jnp.all(st.done)
@@ -245,8 +322,11 @@ def _decode(params, state: SamplerState, budget, temperature, top_p, stop_next_s
     tokens = st.tokens.at[rows, slot].set(token, mode="drop")
     logprobs = st.logprobs.at[rows, slot].set(logprob, mode="drop")
     lengths = st.lengths + running.astype(jnp.int32)
-    logits, cache = _next_logits(params, model, logits_fn, token[:, None], st.lengths[:, None],
-                                 running[:, None], st.cache, tokens, lengths)
+    logits, cache = None, st.cache
+    if model is not None:
+      logits, cache = _decode_forward(params, model, token, st.lengths, running, st.cache)
+    if logits_fn is not None:
+      logits = logits_fn(tokens, lengths).astype(jnp.float32)
     new = st.replace(cache=cache, tokens=tokens, lengths=lengths, logprobs=logprobs,
                      next_logits=jnp.where(running[:, None], logits, st.next_logits),
                      done=st.done | (running & (reason != RUNNING)),
@@ -254,7 +334,8 @@ def _decode(params, state: SamplerState, budget, temperature, top_p, stop_next_s
                      stop_state=jnp.where(running, automaton, st.stop_state), step=st.step + 1)
     return _constrain(new, mesh, rules)
 
-  return jax.lax.while_loop(keep_going, step, _constrain(state, mesh, rules))
+  state = jax.lax.while_loop(keep_going, step, _constrain(state, mesh, rules))
+  return _constrain(state.replace(cache=_unwindow(full_cache, state.cache)), mesh, rules)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "logits_fn", "mesh", "rules"), donate_argnames=("state",))
@@ -402,7 +483,10 @@ def decode(session: GenerationSession, max_new_tokens: int, *, temperature: floa
   state = _decode(session.params, state, jnp.int32(max_new_tokens), jnp.float32(max(temperature, 1e-6)),
                   jnp.float32(top_p), jnp.asarray(table.next_state), jnp.int32(table.match_state),
                   model=session.model, logits_fn=session.logits_fn, mode=mode,
-                  eos_token_ids=session.eos_token_ids, mesh=session.mesh, rules=session.rules)
+                  eos_token_ids=session.eos_token_ids,
+                  window=(decode_window(session.slots_used + max_new_tokens, session.cache_len)
+                          if session.model is not None else session.cache_len),  # no cache: one program
+                  mesh=session.mesh, rules=session.rules)
   tokens, logprobs, lengths, turn_start, reasons, steps = jax.device_get(
       (state.tokens, state.logprobs, state.lengths, state.turn_start, state.stop_reason, state.step))
   results = [GenerationResult(token_ids=tokens[b, turn_start[b]:lengths[b]].tolist(),
@@ -422,7 +506,7 @@ def append(session: GenerationSession, per_row_tokens: Sequence[Optional[Sequenc
   longest = max(len(r) for r in rows)
   if longest == 0:
     return _successor(session, state, session.slots_used)
-  width = _append_bucket(longest, session.slots_left)
+  width = append_bucket(longest, session.slots_left)
   if width > session.slots_left:
     raise CacheCapacityError(
         f"append: the longest block (per_row_tokens[{[len(r) for r in rows].index(longest)}], {longest} tokens, "

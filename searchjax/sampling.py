@@ -33,7 +33,7 @@ class SamplingMode:
   """The static part of a sampling configuration (changing it recompiles the decode loop).
 
   greedy: argmax (temperature 0); top_k: 0 = off, else keep the k largest logits (shapes depend on k);
-  nucleus: whether top-p truncation runs (it sorts the vocabulary, so it is skipped when top_p == 1).
+  nucleus: whether top-p truncation runs (skipped when top_p == 1: it costs 32 passes over the logits).
   Temperature and top_p themselves are dynamic arguments.
   """
   greedy: bool
@@ -59,11 +59,54 @@ def row_keys(seed: int, num_rows: int) -> jax.Array:
   return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.arange(num_rows))
 
 
-def _nucleus_mask(sorted_logits: jax.Array, top_p: jax.Array) -> jax.Array:
-  """sorted_logits [B, K] descending -> keep [B, K]: probability mass before the token < top_p."""
-  probs = jax.nn.softmax(sorted_logits, axis=-1)
-  mass_before = jnp.cumsum(probs, axis=-1) - probs
-  return mass_before < top_p
+def nucleus_mask(logits: jax.Array, top_p: jax.Array) -> jax.Array:
+  """logits [B, K] (any order; -inf = excluded) -> keep [B, K]: token i is kept iff the probability mass of
+  the tokens more probable than it is < top_p, i.e. it is in the nucleus (ties with a boundary token are
+  kept together; the sorted formulation would split them by index).
+
+  No sort: the mass above a threshold c, m(c) = sum_j p_j [p_j > c], only falls as c grows, and token i is
+  kept iff m(p_i) < top_p iff p_i >= c*, the smallest c with m(c) < top_p. Non-negative float32 values are
+  ordered like their bit patterns read as int32, so a 31-step bisection over the bit patterns finds c*
+  exactly, at 31 masked sums over [B, K] (a full sort of a 49k vocabulary costs ~10x more per decode step).
+  """
+  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+  bits = jax.lax.bitcast_convert_type(probs, jnp.int32)  # probs >= 0: int order == float order
+  top_p = jnp.asarray(top_p, jnp.float32)
+
+  def mass_above(c):  # c [B, 1] int32 bit patterns -> [B, 1]
+    return jnp.sum(jnp.where(bits > c, probs, 0.0), axis=-1, keepdims=True)
+
+  def halve(_, bounds):  # invariant: mass_above(low) >= top_p (or low = -1), mass_above(high) < top_p
+    low, high = bounds
+    mid = low + (high - low) // 2
+    below = mass_above(mid) < top_p
+    return jnp.where(below, low, mid), jnp.where(below, mid, high)
+
+  batch = logits.shape[0]
+  low = jnp.full((batch, 1), -1, jnp.int32)
+  high = jnp.max(bits, axis=-1, keepdims=True)  # mass above the largest probability is 0 < top_p
+  _, high = jax.lax.fori_loop(0, 32, halve, (low, high))
+  return bits >= high
+
+
+def argmax(x: jax.Array) -> jax.Array:
+  """[B, K] -> [B] int32: the first index of each row's maximum (jnp.argmax's tie rule).
+
+  As max, then min over the indices that reach it: two plain reductions, which XLA:CPU runs ~6x faster
+  than the (value, index) pair reduction jnp.argmax lowers to (0.3 vs 1.8 ms per step over a 49k
+  vocabulary at batch 8). A row with NaNs yields its last index.
+  """
+  width = x.shape[-1]
+  hit = x == jnp.max(x, axis=-1, keepdims=True)
+  index = jnp.min(jnp.where(hit, jnp.arange(width, dtype=jnp.int32), width), axis=-1)
+  return jnp.minimum(index, width - 1)
+
+
+def gumbel_max(keys: jax.Array, logits: jax.Array) -> jax.Array:
+  """One draw per row from softmax(logits) [B, K] (-inf = excluded): argmax(logits + Gumbel noise), the
+  Gumbel-max trick jax.random.categorical uses too, with the faster `argmax`."""
+  noise = jax.vmap(lambda key: jax.random.gumbel(key, logits.shape[-1:], jnp.float32))(keys)
+  return argmax(logits + noise)
 
 
 def sample(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: jax.Array,
@@ -74,20 +117,18 @@ def sample(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: ja
   """
   logits = logits.astype(jnp.float32)
   if mode.greedy:
-    tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    tokens = argmax(logits)
     logprobs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tokens[:, None], axis=-1)[:, 0]
     return tokens, logprobs
   scaled = logits / temperature
-  if mode.top_k or mode.nucleus:
-    # Candidates in descending order: the top k, or the whole vocabulary sorted when only top-p is on.
-    k = mode.top_k if mode.top_k else logits.shape[-1]
-    candidate_logits, candidate_ids = jax.lax.top_k(scaled, min(k, logits.shape[-1]))
+  if mode.top_k:  # candidates: the top k (a partial selection, cheap for small k)
+    candidate_logits, candidate_ids = jax.lax.top_k(scaled, min(mode.top_k, logits.shape[-1]))
     if mode.nucleus:
-      keep = _nucleus_mask(candidate_logits, top_p)
-      candidate_logits = jnp.where(keep, candidate_logits, -jnp.inf)
-    choice = jax.vmap(jax.random.categorical)(keys, candidate_logits)
+      candidate_logits = jnp.where(nucleus_mask(candidate_logits, top_p), candidate_logits, -jnp.inf)
+    choice = gumbel_max(keys, candidate_logits)
     tokens = jnp.take_along_axis(candidate_ids, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
-  else:
-    tokens = jax.vmap(jax.random.categorical)(keys, scaled).astype(jnp.int32)
+  else:  # the whole vocabulary, in place (no sort)
+    candidates = jnp.where(nucleus_mask(scaled, top_p), scaled, -jnp.inf) if mode.nucleus else scaled
+    tokens = gumbel_max(keys, candidates)
   logprobs = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), tokens[:, None], axis=-1)[:, 0]
   return tokens, logprobs

@@ -50,7 +50,7 @@ Decisions (each one is what the code does; tests/rollout checks them):
 * Group ids must be unique within a batch (`Prompt.uid`, e.g. f"{data_source}/{question_id}": Search-R1
   reused per-source indices, so groups of different datasets collided); duplicates raise.
 * Capacity: the cache holds the padded prompt, every turn's full token budget and every append block
-  (generation's bucket: the next power of two >= 16 of max_obs_tokens); `required_cache_len` computes it
+  (`generation.append_bucket(max_obs_tokens)`: the next power of two >= 16); `required_cache_len` computes it
   and `rollout` raises before decoding anything when `max_cache_len` is smaller.
 """
 
@@ -136,16 +136,11 @@ class Trajectory:
 
 # ------------------------------------------------------------------------------------------ checks / sizes
 
-def _append_block(max_obs_tokens: int) -> int:
-    """Cache slots one append of up to max_obs_tokens takes: generation's block, next power of two >= 16."""
-    return max(16, 1 << max(max_obs_tokens - 1, 0).bit_length())
-
-
 def required_cache_len(prompt_ids: Sequence[Sequence[int]], cfg: RolloutConfig) -> int:
     """KV-cache slots a rollout of these prompts may use: padded prompt + every turn + every append block."""
     turns = cfg.max_turns if cfg.search else 0
     return (generation.prompt_bucket(prompt_ids) + (turns + 1) * cfg.max_new_tokens_per_turn
-            + turns * _append_block(cfg.max_obs_tokens))
+            + turns * generation.append_bucket(cfg.max_obs_tokens))
 
 
 def _check_config(cfg: RolloutConfig) -> None:
@@ -286,7 +281,8 @@ def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg:
                          f"({generation.prompt_bucket(row_prompts)}) + {cfg.max_turns if cfg.search else 0} searching "
                          f"turns and a final one of max_new_tokens_per_turn={cfg.max_new_tokens_per_turn} + the "
                          f"observation blocks (max_obs_tokens={cfg.max_obs_tokens} -> "
-                         f"{_append_block(cfg.max_obs_tokens)} slots each) need {needed}; set max_cache_len >= {needed}")
+                         f"{generation.append_bucket(cfg.max_obs_tokens)} slots each) need {needed}; "
+                         f"set max_cache_len >= {needed}")
     codec = _ObservationCodec.build(tokenizer, cfg.max_obs_tokens) if cfg.search else None
     searching_turns = cfg.max_turns if cfg.search else 0
     stop = protocol.STOP_STRINGS if cfg.search else (ANSWER_CLOSE,)

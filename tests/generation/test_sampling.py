@@ -93,3 +93,39 @@ def test_sampling_is_reproducible_per_seed(tiny_models, first_token_reference):
   np.testing.assert_array_equal(first, again)
   assert np.mean(first != other) > 0.3  # a different seed draws differently
   assert len(set(first.tolist())) > 10  # rows draw independently: many distinct tokens from one prompt
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.98])
+def test_nucleus_mask_equals_sorted_reference(top_p):
+  """The sort-free nucleus (bisection over probability bit patterns) keeps exactly the tokens whose
+  more-probable mass is < top_p, as numpy's sorted cumulative sum says (rows with a token within 1e-5 of
+  the boundary are left out: float32 summation order decides those)."""
+  import jax.numpy as jnp
+  from searchjax import sampling
+  rng = np.random.default_rng(11)
+  logits = rng.normal(scale=3.0, size=(32, 2000)).astype(np.float32)
+  logits[0, :] = 0.0  # a uniform row: every token ties
+  keep = np.asarray(sampling.nucleus_mask(jnp.asarray(logits), top_p))
+  probs = np.exp(logits.astype(np.float64) - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  checked = 0
+  for row in range(1, len(logits)):
+    order = np.argsort(-probs[row], kind="stable")
+    before = np.cumsum(probs[row, order]) - probs[row, order]
+    if np.min(np.abs(before - top_p)) < 1e-5:
+      continue
+    expected = np.zeros(probs.shape[1], bool)
+    expected[order[before < top_p]] = True
+    np.testing.assert_array_equal(keep[row], expected)
+    checked += 1
+  assert checked >= 20
+  assert keep[0].all()  # ties with a kept token are kept together: the whole uniform row
+
+
+def test_argmax_takes_the_first_maximum():
+  import jax.numpy as jnp
+  from searchjax import sampling
+  rng = np.random.default_rng(12)
+  x = rng.integers(0, 5, size=(64, 300)).astype(np.float32)  # many ties
+  x[3, 7] = -np.inf
+  np.testing.assert_array_equal(np.asarray(sampling.argmax(jnp.asarray(x))), np.argmax(x, axis=-1))
