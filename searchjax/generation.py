@@ -82,470 +82,470 @@ LogitsFn = Callable[[jax.Array, jax.Array], jax.Array]
 
 
 class CacheCapacityError(ValueError):
-  """The session's KV cache has too few free slots for the requested decode or append."""
+    """The session's KV cache has too few free slots for the requested decode or append."""
 
 
 @dataclasses.dataclass(frozen=True)
 class GenerationResult:
-  """One row of one decode call: the generated tokens only (not the prompt or earlier turns).
+    """One row of one decode call: the generated tokens only (not the prompt or earlier turns).
 
-  token_ids: list[int]; logprobs: [n] float32, log softmax(logits / T) of each token over the full
-  vocabulary (see searchjax.sampling); stop_reason: "eos" | "stop" | "length".
-  """
-  token_ids: list
-  logprobs: np.ndarray
-  stop_reason: str
+    token_ids: list[int]; logprobs: [n] float32, log softmax(logits / T) of each token over the full
+    vocabulary (see searchjax.sampling); stop_reason: "eos" | "stop" | "length".
+    """
+    token_ids: list
+    logprobs: np.ndarray
+    stop_reason: str
 
 
 @flax.struct.dataclass
 class SamplerState:
-  """Everything the jitted prefill / decode / append functions carry. B rows (incl. padding), S slots."""
-  cache: Optional[KVCache]   # k, v [L, B, S, K, D]; None when decoding from a logits_fn without a model
-  tokens: jax.Array          # [B, S] int32: row b's real tokens are tokens[b, :lengths[b]]
-  lengths: jax.Array         # [B] int32: real tokens so far (= RoPE position of the next token)
-  logprobs: jax.Array        # [B, S] float32: sampler log-prob of generated tokens (0 for prompt/appended)
-  next_logits: jax.Array     # [B, V] float32: logits for each row's next token
-  done: jax.Array            # [B] bool: stopped (or a padding row)
-  stop_reason: jax.Array     # [B] int32: RUNNING / EOS / STOP / LENGTH
-  stop_state: jax.Array      # [B] int32: stop-string automaton state
-  turn_start: jax.Array      # [B] int32: lengths when the current decode call began
-  step: jax.Array            # int32 scalar: decode steps taken in the current call
-  row_keys: jax.Array        # [B] PRNG keys: fold_in(key(seed), row)
+    """Everything the jitted prefill / decode / append functions carry. B rows (incl. padding), S slots."""
+    cache: Optional[KVCache]   # k, v [L, B, S, K, D]; None when decoding from a logits_fn without a model
+    tokens: jax.Array          # [B, S] int32: row b's real tokens are tokens[b, :lengths[b]]
+    lengths: jax.Array         # [B] int32: real tokens so far (= RoPE position of the next token)
+    logprobs: jax.Array        # [B, S] float32: sampler log-prob of generated tokens (0 for prompt/appended)
+    next_logits: jax.Array     # [B, V] float32: logits for each row's next token
+    done: jax.Array            # [B] bool: stopped (or a padding row)
+    stop_reason: jax.Array     # [B] int32: RUNNING / EOS / STOP / LENGTH
+    stop_state: jax.Array      # [B] int32: stop-string automaton state
+    turn_start: jax.Array      # [B] int32: lengths when the current decode call began
+    step: jax.Array            # int32 scalar: decode steps taken in the current call
+    row_keys: jax.Array        # [B] PRNG keys: fold_in(key(seed), row)
 
 
 @dataclasses.dataclass
 class GenerationSession:
-  """A live batch between calls. `decode`/`append` donate its state and return a new session; the old
-  one is then marked consumed. num_rows: real rows (the state may hold padding rows after them)."""
-  state: Optional[SamplerState]
-  model: object
-  params: object
-  logits_fn: Optional[LogitsFn]
-  tokenizer: object
-  num_rows: int
-  cache_len: int
-  slots_used: int
-  eos_token_ids: tuple
-  vocab_size: int
-  mesh: Optional[Mesh]
-  rules: object
+    """A live batch between calls. `decode`/`append` donate its state and return a new session; the old
+    one is then marked consumed. num_rows: real rows (the state may hold padding rows after them)."""
+    state: Optional[SamplerState]
+    model: object
+    params: object
+    logits_fn: Optional[LogitsFn]
+    tokenizer: object
+    num_rows: int
+    cache_len: int
+    slots_used: int
+    eos_token_ids: tuple
+    vocab_size: int
+    mesh: Optional[Mesh]
+    rules: object
 
-  @property
-  def slots_left(self) -> int:
-    """Free cache slots: a decode of n tokens needs n, an append needs its bucketed block width."""
-    return self.cache_len - self.slots_used
+    @property
+    def slots_left(self) -> int:
+        """Free cache slots: a decode of n tokens needs n, an append needs its bucketed block width."""
+        return self.cache_len - self.slots_used
 
 
 # ----------------------------------------------------------------------------------------- shapes / buckets
 
 def _pow2_at_least(n: int, minimum: int = 1) -> int:
-  return max(minimum, 1 << max(int(n) - 1, 0).bit_length())
+    return max(minimum, 1 << max(int(n) - 1, 0).bit_length())
 
 
 def prompt_bucket(prompt_ids: Sequence[Sequence[int]]) -> int:
-  """Padded prompt width P: the next power of two (>= 8) of the longest prompt."""
-  return _pow2_at_least(max(len(p) for p in prompt_ids), 8)
+    """Padded prompt width P: the next power of two (>= 8) of the longest prompt."""
+    return _pow2_at_least(max(len(p) for p in prompt_ids), 8)
 
 
 def append_bucket(width: int, slots_left: Optional[int] = None) -> int:
-  """Cache slots an `append` of a `width`-token block takes: the next power of two >= 16, or, when that
-  exceeds `slots_left` (the cache is nearly full), the next multiple of 16. With slots_left=None: the power
-  of two, i.e. the most one append of up to `width` tokens can take (for sizing a cache ahead of time)."""
-  bucket = _pow2_at_least(width, 16)
-  if slots_left is not None and bucket > slots_left:  # near the end of the cache, waste less
-    bucket = -(-width // 16) * 16
-  return bucket
+    """Cache slots an `append` of a `width`-token block takes: the next power of two >= 16, or, when that
+    exceeds `slots_left` (the cache is nearly full), the next multiple of 16. With slots_left=None: the power
+    of two, i.e. the most one append of up to `width` tokens can take (for sizing a cache ahead of time)."""
+    bucket = _pow2_at_least(width, 16)
+    if slots_left is not None and bucket > slots_left:  # near the end of the cache, waste less
+        bucket = -(-width // 16) * 16
+    return bucket
 
 
 def decode_window(slots_needed: int, cache_len: int) -> int:
-  """Cache slots one `decode` call attends over: the next power of two (>= 16) of the slots it can reach
-  (used + max_new_tokens), capped at the cache length. Slots past it are still empty, so attention over the
-  window equals attention over the whole cache, at a cost that grows with the text, not the cache."""
-  return min(_pow2_at_least(slots_needed, 16), cache_len)
+    """Cache slots one `decode` call attends over: the next power of two (>= 16) of the slots it can reach
+    (used + max_new_tokens), capped at the cache length. Slots past it are still empty, so attention over the
+    window equals attention over the whole cache, at a cost that grows with the text, not the cache."""
+    return min(_pow2_at_least(slots_needed, 16), cache_len)
 
 
 def _check_tokens(rows, name: str, vocab_size: int, allow_empty: bool) -> list:
-  if isinstance(rows, (str, bytes)) or not hasattr(rows, "__len__"):
-    raise TypeError(f"{name} must be a list of token-id lists, got {type(rows).__name__}")
-  out = []
-  for i, row in enumerate(rows):
-    row = [] if row is None else [int(t) for t in row]
-    if not row and not allow_empty:
-      raise ValueError(f"{name}[{i}] is empty")
-    bad = [t for t in row if not 0 <= t < vocab_size]
-    if bad:
-      raise ValueError(f"{name}[{i}] has token ids outside [0, {vocab_size}): {bad[:5]}")
-    out.append(row)
-  return out
+    if isinstance(rows, (str, bytes)) or not hasattr(rows, "__len__"):
+        raise TypeError(f"{name} must be a list of token-id lists, got {type(rows).__name__}")
+    out = []
+    for i, row in enumerate(rows):
+        row = [] if row is None else [int(t) for t in row]
+        if not row and not allow_empty:
+            raise ValueError(f"{name}[{i}] is empty")
+        bad = [t for t in row if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"{name}[{i}] has token ids outside [0, {vocab_size}): {bad[:5]}")
+        out.append(row)
+    return out
 
 
 # -------------------------------------------------------------------------------------------- sharding
 
 def _constrain(state: SamplerState, mesh: Optional[Mesh], rules) -> SamplerState:
-  """Pin every [B, ...] array of the state to the batch mesh axes (cache: batch is dimension 1)."""
-  if mesh is None:
-    return state
-  batch_axes = sharding.batch_sharding(mesh, rules, ndim=1).spec[0]
+    """Pin every [B, ...] array of the state to the batch mesh axes (cache: batch is dimension 1)."""
+    if mesh is None:
+        return state
+    batch_axes = sharding.batch_sharding(mesh, rules, ndim=1).spec[0]
 
-  def pin(x, batch_dim):
-    spec = [None] * x.ndim
-    spec[batch_dim] = batch_axes
-    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
+    def pin(x, batch_dim):
+        spec = [None] * x.ndim
+        spec[batch_dim] = batch_axes
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*spec)))
 
-  replicated = NamedSharding(mesh, PartitionSpec())
-  cache = state.cache
-  if cache is not None:
-    cache = KVCache(k=pin(cache.k, 1), v=pin(cache.v, 1), mask=pin(cache.mask, 0),
-                    index=jax.lax.with_sharding_constraint(cache.index, replicated))
-  fields = {f: pin(getattr(state, f), 0) for f in ("tokens", "lengths", "logprobs", "next_logits", "done",
-                                                   "stop_reason", "stop_state", "turn_start", "row_keys")}
-  return state.replace(cache=cache, step=jax.lax.with_sharding_constraint(state.step, replicated), **fields)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    cache = state.cache
+    if cache is not None:
+        cache = KVCache(k=pin(cache.k, 1), v=pin(cache.v, 1), mask=pin(cache.mask, 0),
+                        index=jax.lax.with_sharding_constraint(cache.index, replicated))
+    fields = {f: pin(getattr(state, f), 0) for f in ("tokens", "lengths", "logprobs", "next_logits", "done",
+                                                     "stop_reason", "stop_state", "turn_start", "row_keys")}
+    return state.replace(cache=cache, step=jax.lax.with_sharding_constraint(state.step, replicated), **fields)
 
 
 # ------------------------------------------------------------------------------------------ jitted parts
 
 def _next_logits(params, model, logits_fn, ids, positions, mask, cache, tokens, lengths):
-  """Feed ids/positions/mask [B, T] (real tokens right-aligned in the block) -> (logits [B, V] f32 for the
-  last column, updated cache). logits_fn, when given, replaces the model's logits."""
-  logits = None
-  if model is not None:
-    hidden, cache = model.apply({"params": params}, ids, positions, mask, cache=cache, return_hidden=True)
-    config = model.config
-    head = lm_head_weight(params, config).astype(config.compute_dtype)
-    logits = jnp.einsum("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head,
-                        preferred_element_type=jnp.float32)
-  if logits_fn is not None:
-    logits = logits_fn(tokens, lengths).astype(jnp.float32)
-  return logits, cache
+    """Feed ids/positions/mask [B, T] (real tokens right-aligned in the block) -> (logits [B, V] f32 for the
+    last column, updated cache). logits_fn, when given, replaces the model's logits."""
+    logits = None
+    if model is not None:
+        hidden, cache = model.apply({"params": params}, ids, positions, mask, cache=cache, return_hidden=True)
+        config = model.config
+        head = lm_head_weight(params, config).astype(config.compute_dtype)
+        logits = jnp.einsum("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head,
+                            preferred_element_type=jnp.float32)
+    if logits_fn is not None:
+        logits = logits_fn(tokens, lengths).astype(jnp.float32)
+    return logits, cache
 
 
 def _decode_forward(params, model, token, position, running, cache: KVCache):
-  """One token per row (token/position/running [B]) through the model -> (logits [B, V] f32, cache).
+    """One token per row (token/position/running [B]) through the model -> (logits [B, V] f32, cache).
 
-  The same layers as `model.apply` (the model's own Embedding / DecoderLayer / RMSNorm modules, applied to
-  its parameters), but the layer loop carries the stacked [L, B, S, K, D] cache and writes only the new
-  slot of each layer back into it (`dynamic_update_slice` on a loop carry, done in place by XLA). The
-  model's `nn.scan` passes the cache as scanned inputs/outputs instead, which makes XLA build a fresh
-  stacked cache and copy it every call: harmless once per prefill or append, but it is most of a decode
-  step's time (several full-cache copies per token).
-  """
-  config = model.config
-  index = cache.index
-  x = transformer.Embedding(config).apply({"params": params["embed"]}, token[:, None])  # [B, 1, H]
-  cos, sin = transformer.rope_cos_sin(position[:, None], config)
-  slot_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, running[:, None], index, axis=1)
-  attn_mask = transformer.attention_mask(running[:, None], slot_mask, index)
-  layer = transformer.DecoderLayer(config)
+    The same layers as `model.apply` (the model's own Embedding / DecoderLayer / RMSNorm modules, applied to
+    its parameters), but the layer loop carries the stacked [L, B, S, K, D] cache and writes only the new
+    slot of each layer back into it (`dynamic_update_slice` on a loop carry, done in place by XLA). The
+    model's `nn.scan` passes the cache as scanned inputs/outputs instead, which makes XLA build a fresh
+    stacked cache and copy it every call: harmless once per prefill or append, but it is most of a decode
+    step's time (several full-cache copies per token).
+    """
+    config = model.config
+    index = cache.index
+    x = transformer.Embedding(config).apply({"params": params["embed"]}, token[:, None])  # [B, 1, H]
+    cos, sin = transformer.rope_cos_sin(position[:, None], config)
+    slot_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, running[:, None], index, axis=1)
+    attn_mask = transformer.attention_mask(running[:, None], slot_mask, index)
+    layer = transformer.DecoderLayer(config)
 
-  def body(carry, layer_params_and_index):
-    x, k_all, v_all = carry
-    layer_params, i = layer_params_and_index
-    layer_cache = (jax.lax.dynamic_index_in_dim(k_all, i, 0, keepdims=False),
-                   jax.lax.dynamic_index_in_dim(v_all, i, 0, keepdims=False))
-    x, (k_layer, v_layer) = layer.apply({"params": layer_params}, x, layer_cache, cos, sin, attn_mask, index)
-    start = (i, 0, index, 0, 0)
-    k_all = jax.lax.dynamic_update_slice(k_all, jax.lax.dynamic_slice_in_dim(k_layer, index, 1, 1)[None], start)
-    v_all = jax.lax.dynamic_update_slice(v_all, jax.lax.dynamic_slice_in_dim(v_layer, index, 1, 1)[None], start)
-    return (x, k_all, v_all), None
+    def body(carry, layer_params_and_index):
+        x, k_all, v_all = carry
+        layer_params, i = layer_params_and_index
+        layer_cache = (jax.lax.dynamic_index_in_dim(k_all, i, 0, keepdims=False),
+                       jax.lax.dynamic_index_in_dim(v_all, i, 0, keepdims=False))
+        x, (k_layer, v_layer) = layer.apply({"params": layer_params}, x, layer_cache, cos, sin, attn_mask, index)
+        start = (i, 0, index, 0, 0)
+        k_all = jax.lax.dynamic_update_slice(k_all, jax.lax.dynamic_slice_in_dim(k_layer, index, 1, 1)[None], start)
+        v_all = jax.lax.dynamic_update_slice(v_all, jax.lax.dynamic_slice_in_dim(v_layer, index, 1, 1)[None], start)
+        return (x, k_all, v_all), None
 
-  layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
-  (x, k_all, v_all), _ = jax.lax.scan(body, (x, cache.k, cache.v), (params["layers"], layer_ids),
-                                      unroll=1 if config.scan_layers else config.num_layers)
-  hidden = transformer.RMSNorm(config.rms_norm_eps, "embed", config.weight_dtype).apply(
-      {"params": params["final_norm"]}, x)
-  head = lm_head_weight(params, config).astype(config.compute_dtype)
-  logits = jnp.einsum("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head,
-                      preferred_element_type=jnp.float32)
-  return logits, KVCache(k=k_all, v=v_all, mask=slot_mask, index=index + 1)
+    layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
+    (x, k_all, v_all), _ = jax.lax.scan(body, (x, cache.k, cache.v), (params["layers"], layer_ids),
+                                        unroll=1 if config.scan_layers else config.num_layers)
+    hidden = transformer.RMSNorm(config.rms_norm_eps, "embed", config.weight_dtype).apply(
+        {"params": params["final_norm"]}, x)
+    head = lm_head_weight(params, config).astype(config.compute_dtype)
+    logits = jnp.einsum("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head,
+                        preferred_element_type=jnp.float32)
+    return logits, KVCache(k=k_all, v=v_all, mask=slot_mask, index=index + 1)
 
 
 def _window(cache: Optional[KVCache], window: int) -> Optional[KVCache]:
-  """The first `window` slots of the cache (a copy, once per decode call)."""
-  if cache is None or window >= cache.mask.shape[1]:
-    return cache
-  return KVCache(k=cache.k[:, :, :window], v=cache.v[:, :, :window], mask=cache.mask[:, :window],
-                 index=cache.index)
+    """The first `window` slots of the cache (a copy, once per decode call)."""
+    if cache is None or window >= cache.mask.shape[1]:
+        return cache
+    return KVCache(k=cache.k[:, :, :window], v=cache.v[:, :, :window], mask=cache.mask[:, :window],
+                   index=cache.index)
 
 
 def _unwindow(full: Optional[KVCache], part: Optional[KVCache]) -> Optional[KVCache]:
-  """Write a windowed cache back over the first slots of the full one (in place: the full one is donated)."""
-  if full is None or part.mask.shape[1] == full.mask.shape[1]:
-    return part
-  return KVCache(k=jax.lax.dynamic_update_slice_in_dim(full.k, part.k, 0, axis=2),
-                 v=jax.lax.dynamic_update_slice_in_dim(full.v, part.v, 0, axis=2),
-                 mask=jax.lax.dynamic_update_slice_in_dim(full.mask, part.mask, 0, axis=1), index=part.index)
+    """Write a windowed cache back over the first slots of the full one (in place: the full one is donated)."""
+    if full is None or part.mask.shape[1] == full.mask.shape[1]:
+        return part
+    return KVCache(k=jax.lax.dynamic_update_slice_in_dim(full.k, part.k, 0, axis=2),
+                   v=jax.lax.dynamic_update_slice_in_dim(full.v, part.v, 0, axis=2),
+                   mask=jax.lax.dynamic_update_slice_in_dim(full.mask, part.mask, 0, axis=1), index=part.index)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "logits_fn", "cache_len", "mesh", "rules"))
 def _prefill(params, prompt_ids, prompt_mask, tokens, lengths, done, row_keys, *, model, logits_fn,
              cache_len, mesh, rules) -> SamplerState:
-  """prompt_ids/prompt_mask [B, P] left-padded; tokens [B, S] the same prompts left-aligned."""
-  batch = prompt_ids.shape[0]
-  cache = init_cache(model.config, batch, cache_len) if model is not None else None
-  logits, cache = _next_logits(params, model, logits_fn, prompt_ids, positions_from_mask(prompt_mask),
-                               prompt_mask, cache, tokens, lengths)
-  zeros = jnp.zeros((batch,), jnp.int32)
-  state = SamplerState(cache=cache, tokens=tokens, lengths=lengths,
-                       logprobs=jnp.zeros(tokens.shape, jnp.float32), next_logits=logits, done=done,
-                       stop_reason=jnp.where(done, LENGTH, RUNNING).astype(jnp.int32), stop_state=zeros,
-                       turn_start=lengths, step=jnp.zeros((), jnp.int32), row_keys=row_keys)
-  return _constrain(state, mesh, rules)
+    """prompt_ids/prompt_mask [B, P] left-padded; tokens [B, S] the same prompts left-aligned."""
+    batch = prompt_ids.shape[0]
+    cache = init_cache(model.config, batch, cache_len) if model is not None else None
+    logits, cache = _next_logits(params, model, logits_fn, prompt_ids, positions_from_mask(prompt_mask),
+                                 prompt_mask, cache, tokens, lengths)
+    zeros = jnp.zeros((batch,), jnp.int32)
+    state = SamplerState(cache=cache, tokens=tokens, lengths=lengths,
+                         logprobs=jnp.zeros(tokens.shape, jnp.float32), next_logits=logits, done=done,
+                         stop_reason=jnp.where(done, LENGTH, RUNNING).astype(jnp.int32), stop_state=zeros,
+                         turn_start=lengths, step=jnp.zeros((), jnp.int32), row_keys=row_keys)
+    return _constrain(state, mesh, rules)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "logits_fn", "mode", "eos_token_ids", "window", "mesh",
                                              "rules"), donate_argnames=("state",))
 def _decode(params, state: SamplerState, budget, temperature, top_p, stop_next_state, stop_match, *, model,
             logits_fn, mode, eos_token_ids, window, mesh, rules) -> SamplerState:
-  """Sample until every row has stopped or `budget` steps ran. One step = sample a token for each running
-  row from next_logits, advance its stop automaton, write it, and feed it to get the next logits. The loop
-  runs on the cache's first `window` slots (`decode_window`; the host guarantees the call stays inside).
-  Static: model, logits_fn, mode, window (recompile); dynamic: budget, temperature, top_p, the stop table."""
-  batch, width = state.tokens.shape
-  rows = jnp.arange(batch)
-  eos = jnp.asarray(eos_token_ids if eos_token_ids else (-1,), jnp.int32)
-  full_cache = state.cache
-  state = state.replace(cache=_window(full_cache, window), step=jnp.zeros((), jnp.int32),
-                        turn_start=state.lengths, stop_state=jnp.zeros_like(state.stop_state))
+    """Sample until every row has stopped or `budget` steps ran. One step = sample a token for each running
+    row from next_logits, advance its stop automaton, write it, and feed it to get the next logits. The loop
+    runs on the cache's first `window` slots (`decode_window`; the host guarantees the call stays inside).
+    Static: model, logits_fn, mode, window (recompile); dynamic: budget, temperature, top_p, the stop table."""
+    batch, width = state.tokens.shape
+    rows = jnp.arange(batch)
+    eos = jnp.asarray(eos_token_ids if eos_token_ids else (-1,), jnp.int32)
+    full_cache = state.cache
+    state = state.replace(cache=_window(full_cache, window), step=jnp.zeros((), jnp.int32),
+                          turn_start=state.lengths, stop_state=jnp.zeros_like(state.stop_state))
 
-  def keep_going(st: SamplerState):
-    return (st.step < budget) & ~jnp.all(st.done)
+    def keep_going(st: SamplerState):
+        return (st.step < budget) & ~jnp.all(st.done)
 
-  def step(st: SamplerState) -> SamplerState:
-    running = ~st.done
-    keys = jax.vmap(jax.random.fold_in)(st.row_keys, st.lengths)
-    token, logprob = sampling.sample(st.next_logits, keys, temperature, top_p, mode)
-    automaton = stop_next_state[st.stop_state, token]
-    reason = jnp.where(jnp.isin(token, eos), EOS,
-                       jnp.where(automaton == stop_match, STOP,
-                                 jnp.where(st.step + 1 >= budget, LENGTH, RUNNING)))
-    slot = jnp.where(running, st.lengths, width)  # out of range -> dropped for stopped rows
-    tokens = st.tokens.at[rows, slot].set(token, mode="drop")
-    logprobs = st.logprobs.at[rows, slot].set(logprob, mode="drop")
-    lengths = st.lengths + running.astype(jnp.int32)
-    logits, cache = None, st.cache
-    if model is not None:
-      logits, cache = _decode_forward(params, model, token, st.lengths, running, st.cache)
-    if logits_fn is not None:
-      logits = logits_fn(tokens, lengths).astype(jnp.float32)
-    new = st.replace(cache=cache, tokens=tokens, lengths=lengths, logprobs=logprobs,
-                     next_logits=jnp.where(running[:, None], logits, st.next_logits),
-                     done=st.done | (running & (reason != RUNNING)),
-                     stop_reason=jnp.where(running, reason, st.stop_reason).astype(jnp.int32),
-                     stop_state=jnp.where(running, automaton, st.stop_state), step=st.step + 1)
-    return _constrain(new, mesh, rules)
+    def step(st: SamplerState) -> SamplerState:
+        running = ~st.done
+        keys = jax.vmap(jax.random.fold_in)(st.row_keys, st.lengths)
+        token, logprob = sampling.sample(st.next_logits, keys, temperature, top_p, mode)
+        automaton = stop_next_state[st.stop_state, token]
+        reason = jnp.where(jnp.isin(token, eos), EOS,
+                           jnp.where(automaton == stop_match, STOP,
+                                     jnp.where(st.step + 1 >= budget, LENGTH, RUNNING)))
+        slot = jnp.where(running, st.lengths, width)  # out of range -> dropped for stopped rows
+        tokens = st.tokens.at[rows, slot].set(token, mode="drop")
+        logprobs = st.logprobs.at[rows, slot].set(logprob, mode="drop")
+        lengths = st.lengths + running.astype(jnp.int32)
+        logits, cache = None, st.cache
+        if model is not None:
+            logits, cache = _decode_forward(params, model, token, st.lengths, running, st.cache)
+        if logits_fn is not None:
+            logits = logits_fn(tokens, lengths).astype(jnp.float32)
+        new = st.replace(cache=cache, tokens=tokens, lengths=lengths, logprobs=logprobs,
+                         next_logits=jnp.where(running[:, None], logits, st.next_logits),
+                         done=st.done | (running & (reason != RUNNING)),
+                         stop_reason=jnp.where(running, reason, st.stop_reason).astype(jnp.int32),
+                         stop_state=jnp.where(running, automaton, st.stop_state), step=st.step + 1)
+        return _constrain(new, mesh, rules)
 
-  state = jax.lax.while_loop(keep_going, step, _constrain(state, mesh, rules))
-  return _constrain(state.replace(cache=_unwindow(full_cache, state.cache)), mesh, rules)
+    state = jax.lax.while_loop(keep_going, step, _constrain(state, mesh, rules))
+    return _constrain(state.replace(cache=_unwindow(full_cache, state.cache)), mesh, rules)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "logits_fn", "mesh", "rules"), donate_argnames=("state",))
 def _append(params, state: SamplerState, block_ids, block_lengths, *, model, logits_fn, mesh,
             rules) -> SamplerState:
-  """block_ids [B, A] with row b's block_lengths[b] new tokens right-aligned (left padding masked)."""
-  batch, width = state.tokens.shape
-  block = block_ids.shape[1]
-  column = jnp.arange(block)[None, :]
-  first = block - block_lengths[:, None]  # first real column of each row
-  mask = column >= first
-  positions = state.lengths[:, None] + jnp.maximum(column - first, 0)
-  slot = jnp.where(mask, positions, width)
-  rows = jnp.arange(batch)[:, None]
-  tokens = state.tokens.at[rows, slot].set(block_ids, mode="drop")
-  logprobs = state.logprobs.at[rows, slot].set(0.0, mode="drop")
-  lengths = state.lengths + block_lengths
-  logits, cache = _next_logits(params, model, logits_fn, block_ids, positions, mask, state.cache, tokens, lengths)
-  resumed = block_lengths > 0
-  new = state.replace(cache=cache, tokens=tokens, logprobs=logprobs, lengths=lengths,
-                      next_logits=jnp.where(resumed[:, None], logits, state.next_logits),
-                      done=state.done & ~resumed, stop_reason=jnp.where(resumed, RUNNING, state.stop_reason))
-  return _constrain(new, mesh, rules)
+    """block_ids [B, A] with row b's block_lengths[b] new tokens right-aligned (left padding masked)."""
+    batch, width = state.tokens.shape
+    block = block_ids.shape[1]
+    column = jnp.arange(block)[None, :]
+    first = block - block_lengths[:, None]  # first real column of each row
+    mask = column >= first
+    positions = state.lengths[:, None] + jnp.maximum(column - first, 0)
+    slot = jnp.where(mask, positions, width)
+    rows = jnp.arange(batch)[:, None]
+    tokens = state.tokens.at[rows, slot].set(block_ids, mode="drop")
+    logprobs = state.logprobs.at[rows, slot].set(0.0, mode="drop")
+    lengths = state.lengths + block_lengths
+    logits, cache = _next_logits(params, model, logits_fn, block_ids, positions, mask, state.cache, tokens, lengths)
+    resumed = block_lengths > 0
+    new = state.replace(cache=cache, tokens=tokens, logprobs=logprobs, lengths=lengths,
+                        next_logits=jnp.where(resumed[:, None], logits, state.next_logits),
+                        done=state.done & ~resumed, stop_reason=jnp.where(resumed, RUNNING, state.stop_reason))
+    return _constrain(new, mesh, rules)
 
 
 # ------------------------------------------------------------------------------------------- public API
 
 def policy_logits_fn(next_token: Callable[[int, list], int], vocab_size: int) -> LogitsFn:
-  """A `logits_fn` driven by a host Python policy, for scripted tests and rollouts.
+    """A `logits_fn` driven by a host Python policy, for scripted tests and rollouts.
 
-  next_token(row, tokens) -> the id row `row` must emit next, given its whole sequence so far (prompt,
-  generated and appended tokens). It runs on the host through `jax.pure_callback` once per step for every
-  row, padding rows included (rows >= the number of prompts; return any id there). The chosen id gets logit
-  0 and every other id -1e9, so greedy and sampled decoding both emit it (log-prob ~0). Build it once and
-  reuse the returned function: it is a static jit argument.
-  """
-  def host(tokens, lengths):
-    tokens, lengths = np.asarray(tokens), np.asarray(lengths)
-    logits = np.full((tokens.shape[0], vocab_size), -1e9, np.float32)
-    for row in range(tokens.shape[0]):
-      logits[row, int(next_token(row, tokens[row, :lengths[row]].tolist()))] = 0.0
-    return logits
+    next_token(row, tokens) -> the id row `row` must emit next, given its whole sequence so far (prompt,
+    generated and appended tokens). It runs on the host through `jax.pure_callback` once per step for every
+    row, padding rows included (rows >= the number of prompts; return any id there). The chosen id gets logit
+    0 and every other id -1e9, so greedy and sampled decoding both emit it (log-prob ~0). Build it once and
+    reuse the returned function: it is a static jit argument.
+    """
+    def host(tokens, lengths):
+        tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+        logits = np.full((tokens.shape[0], vocab_size), -1e9, np.float32)
+        for row in range(tokens.shape[0]):
+            logits[row, int(next_token(row, tokens[row, :lengths[row]].tolist()))] = 0.0
+        return logits
 
-  def logits_fn(tokens, lengths):
-    shape = jax.ShapeDtypeStruct((tokens.shape[0], vocab_size), jnp.float32)
-    return jax.pure_callback(host, shape, tokens, lengths)
+    def logits_fn(tokens, lengths):
+        shape = jax.ShapeDtypeStruct((tokens.shape[0], vocab_size), jnp.float32)
+        return jax.pure_callback(host, shape, tokens, lengths)
 
-  return logits_fn
+    return logits_fn
 
 
 def _live(session: GenerationSession, caller: str) -> SamplerState:
-  if session.state is None:
-    raise ValueError(f"{caller}: this GenerationSession was consumed by an earlier decode/append "
-                     "(its state was donated); use the session that call returned")
-  return session.state
+    if session.state is None:
+        raise ValueError(f"{caller}: this GenerationSession was consumed by an earlier decode/append "
+                         "(its state was donated); use the session that call returned")
+    return session.state
 
 
 def _successor(session: GenerationSession, state: SamplerState, slots_used: int) -> GenerationSession:
-  new = dataclasses.replace(session, state=state, slots_used=slots_used)
-  session.state = None
-  return new
+    new = dataclasses.replace(session, state=state, slots_used=slots_used)
+    session.state = None
+    return new
 
 
 def _batch_input(x: np.ndarray, mesh: Optional[Mesh], rules):
-  return jnp.asarray(x) if mesh is None else jax.device_put(x, sharding.batch_sharding(mesh, rules, x.ndim))
+    return jnp.asarray(x) if mesh is None else jax.device_put(x, sharding.batch_sharding(mesh, rules, x.ndim))
 
 
 def start(model, params, prompt_ids: Sequence[Sequence[int]], *, max_cache_len: int, tokenizer=None,
           seed: int = 0, logits_fn: Optional[LogitsFn] = None, eos_token_ids: Optional[Sequence[int]] = None,
           mesh: Optional[Mesh] = None, rules=None) -> GenerationSession:
-  """Prefill the prompts into a fresh cache of max_cache_len slots; returns a session ready to decode.
+    """Prefill the prompts into a fresh cache of max_cache_len slots; returns a session ready to decode.
 
-  eos_token_ids default: model.config.eos_token_ids followed by tokenizer.eos_token_ids (deduplicated).
-  mesh default: the mesh the params are sharded on (searchjax.sharding.mesh_of), else none.
-  """
-  if model is None and logits_fn is None:
-    raise ValueError("start: give a model, a logits_fn, or both")
-  vocab_size = model.config.vocab_size if model is not None else None
-  if eos_token_ids is None:
-    eos_token_ids = tuple(model.config.eos_token_ids) if model is not None else ()
-    if tokenizer is not None:
-      eos_token_ids += tuple(tokenizer.eos_token_ids)
-  eos_token_ids = tuple(dict.fromkeys(int(t) for t in eos_token_ids))
-  mesh = sharding.mesh_of(params) if mesh is None else mesh
-  if mesh is not None and mesh.size == 1:
-    mesh = None
-  shard_count = 1 if mesh is None else sharding.batch_shard_count(mesh, rules)
+    eos_token_ids default: model.config.eos_token_ids followed by tokenizer.eos_token_ids (deduplicated).
+    mesh default: the mesh the params are sharded on (searchjax.sharding.mesh_of), else none.
+    """
+    if model is None and logits_fn is None:
+        raise ValueError("start: give a model, a logits_fn, or both")
+    vocab_size = model.config.vocab_size if model is not None else None
+    if eos_token_ids is None:
+        eos_token_ids = tuple(model.config.eos_token_ids) if model is not None else ()
+        if tokenizer is not None:
+            eos_token_ids += tuple(tokenizer.eos_token_ids)
+    eos_token_ids = tuple(dict.fromkeys(int(t) for t in eos_token_ids))
+    mesh = sharding.mesh_of(params) if mesh is None else mesh
+    if mesh is not None and mesh.size == 1:
+        mesh = None
+    shard_count = 1 if mesh is None else sharding.batch_shard_count(mesh, rules)
 
-  num_rows = len(prompt_ids)
-  if num_rows == 0:
-    raise ValueError("prompt_ids is empty")
-  batch = shard_count * _pow2_at_least(-(-num_rows // shard_count))
-  cache_len = int(max_cache_len)
-  if vocab_size is None:  # logits_fn only: its output width is the vocabulary
-    probe = jax.eval_shape(logits_fn, jax.ShapeDtypeStruct((batch, cache_len), jnp.int32),
-                           jax.ShapeDtypeStruct((batch,), jnp.int32))
-    vocab_size = int(probe.shape[-1])
-  prompts = _check_tokens(prompt_ids, "prompt_ids", vocab_size, allow_empty=False)
-  longest = max(len(p) for p in prompts)
-  if longest >= cache_len:
-    raise CacheCapacityError(f"max_cache_len={cache_len} leaves no room to generate after the longest prompt "
-                             f"({longest} tokens, prompt_ids[{[len(p) for p in prompts].index(longest)}])")
-  width = prompt_bucket(prompts)
-  if width >= cache_len:  # a small cache: waste fewer slots on padding (a multiple of 16, else exact)
-    width = -(-longest // 16) * 16 if -(-longest // 16) * 16 < cache_len else longest
-  # Padding rows get a one-token dummy prompt (so no attention row is empty) and start finished.
-  prompts = prompts + [[0]] * (batch - num_rows)
-  prompt_block = np.zeros((batch, width), np.int32)
-  prompt_mask = np.zeros((batch, width), bool)
-  tokens = np.zeros((batch, cache_len), np.int32)
-  for b, p in enumerate(prompts):
-    prompt_block[b, width - len(p):] = p
-    prompt_mask[b, width - len(p):] = True
-    tokens[b, :len(p)] = p
-  lengths = np.asarray([len(p) for p in prompts], np.int32)
-  done = np.arange(batch) >= num_rows
-  keys = _batch_input(sampling.row_keys(seed, batch), mesh, rules)
-  state = _prefill(params, _batch_input(prompt_block, mesh, rules), _batch_input(prompt_mask, mesh, rules),
-                   _batch_input(tokens, mesh, rules), _batch_input(lengths, mesh, rules),
-                   _batch_input(done, mesh, rules), keys, model=model, logits_fn=logits_fn, cache_len=cache_len,
-                   mesh=mesh, rules=rules)
-  return GenerationSession(state=state, model=model, params=params, logits_fn=logits_fn, tokenizer=tokenizer,
-                           num_rows=num_rows, cache_len=cache_len, slots_used=width,
-                           eos_token_ids=eos_token_ids, vocab_size=vocab_size, mesh=mesh, rules=rules)
+    num_rows = len(prompt_ids)
+    if num_rows == 0:
+        raise ValueError("prompt_ids is empty")
+    batch = shard_count * _pow2_at_least(-(-num_rows // shard_count))
+    cache_len = int(max_cache_len)
+    if vocab_size is None:  # logits_fn only: its output width is the vocabulary
+        probe = jax.eval_shape(logits_fn, jax.ShapeDtypeStruct((batch, cache_len), jnp.int32),
+                               jax.ShapeDtypeStruct((batch,), jnp.int32))
+        vocab_size = int(probe.shape[-1])
+    prompts = _check_tokens(prompt_ids, "prompt_ids", vocab_size, allow_empty=False)
+    longest = max(len(p) for p in prompts)
+    if longest >= cache_len:
+        raise CacheCapacityError(f"max_cache_len={cache_len} leaves no room to generate after the longest prompt "
+                                 f"({longest} tokens, prompt_ids[{[len(p) for p in prompts].index(longest)}])")
+    width = prompt_bucket(prompts)
+    if width >= cache_len:  # a small cache: waste fewer slots on padding (a multiple of 16, else exact)
+        width = -(-longest // 16) * 16 if -(-longest // 16) * 16 < cache_len else longest
+    # Padding rows get a one-token dummy prompt (so no attention row is empty) and start finished.
+    prompts = prompts + [[0]] * (batch - num_rows)
+    prompt_block = np.zeros((batch, width), np.int32)
+    prompt_mask = np.zeros((batch, width), bool)
+    tokens = np.zeros((batch, cache_len), np.int32)
+    for b, p in enumerate(prompts):
+        prompt_block[b, width - len(p):] = p
+        prompt_mask[b, width - len(p):] = True
+        tokens[b, :len(p)] = p
+    lengths = np.asarray([len(p) for p in prompts], np.int32)
+    done = np.arange(batch) >= num_rows
+    keys = _batch_input(sampling.row_keys(seed, batch), mesh, rules)
+    state = _prefill(params, _batch_input(prompt_block, mesh, rules), _batch_input(prompt_mask, mesh, rules),
+                     _batch_input(tokens, mesh, rules), _batch_input(lengths, mesh, rules),
+                     _batch_input(done, mesh, rules), keys, model=model, logits_fn=logits_fn, cache_len=cache_len,
+                     mesh=mesh, rules=rules)
+    return GenerationSession(state=state, model=model, params=params, logits_fn=logits_fn, tokenizer=tokenizer,
+                             num_rows=num_rows, cache_len=cache_len, slots_used=width,
+                             eos_token_ids=eos_token_ids, vocab_size=vocab_size, mesh=mesh, rules=rules)
 
 
 def decode(session: GenerationSession, max_new_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
            top_k: int = 0, stop: Sequence[str] = ()) -> tuple[GenerationSession, list[GenerationResult]]:
-  """Decode every running row until it stops (EOS, a stop string, or max_new_tokens in this call).
+    """Decode every running row until it stops (EOS, a stop string, or max_new_tokens in this call).
 
-  Returns (the new session, one GenerationResult per real row with this call's tokens). Needs
-  max_new_tokens free cache slots (checked before anything runs: CacheCapacityError).
-  """
-  state = _live(session, "decode")
-  max_new_tokens = int(max_new_tokens)
-  if max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
-  if max_new_tokens > session.slots_left:
-    raise CacheCapacityError(
-        f"decode(max_new_tokens={max_new_tokens}) needs {max_new_tokens} free cache slots but the session has "
-        f"{session.slots_left} of max_cache_len={session.cache_len} ({session.slots_used} used); "
-        "start the session with a larger max_cache_len or decode fewer tokens")
-  mode = sampling.sampling_mode(temperature, top_p, top_k)
-  table = stop_strings.stop_table(session.tokenizer, tuple(stop), session.vocab_size)
-  state = _decode(session.params, state, jnp.int32(max_new_tokens), jnp.float32(max(temperature, 1e-6)),
-                  jnp.float32(top_p), jnp.asarray(table.next_state), jnp.int32(table.match_state),
-                  model=session.model, logits_fn=session.logits_fn, mode=mode,
-                  eos_token_ids=session.eos_token_ids,
-                  window=(decode_window(session.slots_used + max_new_tokens, session.cache_len)
-                          if session.model is not None else session.cache_len),  # no cache: one program
-                  mesh=session.mesh, rules=session.rules)
-  tokens, logprobs, lengths, turn_start, reasons, steps = jax.device_get(
-      (state.tokens, state.logprobs, state.lengths, state.turn_start, state.stop_reason, state.step))
-  results = [GenerationResult(token_ids=tokens[b, turn_start[b]:lengths[b]].tolist(),
-                              logprobs=np.asarray(logprobs[b, turn_start[b]:lengths[b]], np.float32),
-                              stop_reason=STOP_REASONS[int(reasons[b])])
-             for b in range(session.num_rows)]
-  return _successor(session, state, session.slots_used + int(steps)), results
+    Returns (the new session, one GenerationResult per real row with this call's tokens). Needs
+    max_new_tokens free cache slots (checked before anything runs: CacheCapacityError).
+    """
+    state = _live(session, "decode")
+    max_new_tokens = int(max_new_tokens)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    if max_new_tokens > session.slots_left:
+        raise CacheCapacityError(
+            f"decode(max_new_tokens={max_new_tokens}) needs {max_new_tokens} free cache slots but the session has "
+            f"{session.slots_left} of max_cache_len={session.cache_len} ({session.slots_used} used); "
+            "start the session with a larger max_cache_len or decode fewer tokens")
+    mode = sampling.sampling_mode(temperature, top_p, top_k)
+    table = stop_strings.stop_table(session.tokenizer, tuple(stop), session.vocab_size)
+    state = _decode(session.params, state, jnp.int32(max_new_tokens), jnp.float32(max(temperature, 1e-6)),
+                    jnp.float32(top_p), jnp.asarray(table.next_state), jnp.int32(table.match_state),
+                    model=session.model, logits_fn=session.logits_fn, mode=mode,
+                    eos_token_ids=session.eos_token_ids,
+                    window=(decode_window(session.slots_used + max_new_tokens, session.cache_len)
+                            if session.model is not None else session.cache_len),  # no cache: one program
+                    mesh=session.mesh, rules=session.rules)
+    tokens, logprobs, lengths, turn_start, reasons, steps = jax.device_get(
+        (state.tokens, state.logprobs, state.lengths, state.turn_start, state.stop_reason, state.step))
+    results = [GenerationResult(token_ids=tokens[b, turn_start[b]:lengths[b]].tolist(),
+                                logprobs=np.asarray(logprobs[b, turn_start[b]:lengths[b]], np.float32),
+                                stop_reason=STOP_REASONS[int(reasons[b])])
+               for b in range(session.num_rows)]
+    return _successor(session, state, session.slots_used + int(steps)), results
 
 
 def append(session: GenerationSession, per_row_tokens: Sequence[Optional[Sequence[int]]]) -> GenerationSession:
-  """Append host tokens (e.g. an <information> block) to rows and resume them; rows given [] or None stay
-  finished. One list per real row. Needs the bucketed block width in free slots (CacheCapacityError)."""
-  state = _live(session, "append")
-  if len(per_row_tokens) != session.num_rows:
-    raise ValueError(f"append: per_row_tokens has {len(per_row_tokens)} rows, the session has {session.num_rows}")
-  rows = _check_tokens(per_row_tokens, "per_row_tokens", session.vocab_size, allow_empty=True)
-  longest = max(len(r) for r in rows)
-  if longest == 0:
-    return _successor(session, state, session.slots_used)
-  width = append_bucket(longest, session.slots_left)
-  if width > session.slots_left:
-    raise CacheCapacityError(
-        f"append: the longest block (per_row_tokens[{[len(r) for r in rows].index(longest)}], {longest} tokens, "
-        f"padded to {width}) needs {width} free cache slots but the session has {session.slots_left} of "
-        f"max_cache_len={session.cache_len}; start the session with a larger max_cache_len")
-  batch = state.tokens.shape[0]
-  block = np.zeros((batch, width), np.int32)
-  block_lengths = np.zeros((batch,), np.int32)
-  for b, r in enumerate(rows):
-    if r:
-      block[b, width - len(r):] = r
-      block_lengths[b] = len(r)
-  state = _append(session.params, state, _batch_input(block, session.mesh, session.rules),
-                  _batch_input(block_lengths, session.mesh, session.rules), model=session.model,
-                  logits_fn=session.logits_fn, mesh=session.mesh, rules=session.rules)
-  return _successor(session, state, session.slots_used + width)
+    """Append host tokens (e.g. an <information> block) to rows and resume them; rows given [] or None stay
+    finished. One list per real row. Needs the bucketed block width in free slots (CacheCapacityError)."""
+    state = _live(session, "append")
+    if len(per_row_tokens) != session.num_rows:
+        raise ValueError(f"append: per_row_tokens has {len(per_row_tokens)} rows, the session has {session.num_rows}")
+    rows = _check_tokens(per_row_tokens, "per_row_tokens", session.vocab_size, allow_empty=True)
+    longest = max(len(r) for r in rows)
+    if longest == 0:
+        return _successor(session, state, session.slots_used)
+    width = append_bucket(longest, session.slots_left)
+    if width > session.slots_left:
+        raise CacheCapacityError(
+            f"append: the longest block (per_row_tokens[{[len(r) for r in rows].index(longest)}], {longest} tokens, "
+            f"padded to {width}) needs {width} free cache slots but the session has {session.slots_left} of "
+            f"max_cache_len={session.cache_len}; start the session with a larger max_cache_len")
+    batch = state.tokens.shape[0]
+    block = np.zeros((batch, width), np.int32)
+    block_lengths = np.zeros((batch,), np.int32)
+    for b, r in enumerate(rows):
+        if r:
+            block[b, width - len(r):] = r
+            block_lengths[b] = len(r)
+    state = _append(session.params, state, _batch_input(block, session.mesh, session.rules),
+                    _batch_input(block_lengths, session.mesh, session.rules), model=session.model,
+                    logits_fn=session.logits_fn, mesh=session.mesh, rules=session.rules)
+    return _successor(session, state, session.slots_used + width)
 
 
 def sequences(session: GenerationSession) -> list[list[int]]:
-  """Each real row's whole sequence so far: prompt, generated and appended tokens, in order."""
-  state = _live(session, "sequences")
-  tokens, lengths = jax.device_get((state.tokens, state.lengths))
-  return [tokens[b, :lengths[b]].tolist() for b in range(session.num_rows)]
+    """Each real row's whole sequence so far: prompt, generated and appended tokens, in order."""
+    state = _live(session, "sequences")
+    tokens, lengths = jax.device_get((state.tokens, state.lengths))
+    return [tokens[b, :lengths[b]].tolist() for b in range(session.num_rows)]
 
 
 def generate(model, params, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 0.0,
              top_p: float = 1.0, top_k: int = 0, stop: Sequence[str] = (), tokenizer=None, seed: int = 0,
              logits_fn: Optional[LogitsFn] = None) -> list[GenerationResult]:
-  """One decode call from fresh prompts (public contract). Returns one GenerationResult per prompt with the
-  generated tokens only; temperature 0 = greedy; stop strings are matched on decoded text (needs tokenizer).
-  """
-  if int(max_new_tokens) < 1:
-    raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
-  if stop and tokenizer is None:
-    raise ValueError(f"generate: stop={tuple(stop)!r} needs a tokenizer (stop strings are matched on text)")
-  if len(prompt_ids) == 0:
-    raise ValueError("prompt_ids is empty")
-  cache_len = prompt_bucket(prompt_ids) + _pow2_at_least(int(max_new_tokens))
-  session = start(model, params, prompt_ids, max_cache_len=cache_len, tokenizer=tokenizer, seed=seed,
-                  logits_fn=logits_fn)
-  _, results = decode(session, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=stop)
-  return results
+    """One decode call from fresh prompts (public contract). Returns one GenerationResult per prompt with the
+    generated tokens only; temperature 0 = greedy; stop strings are matched on decoded text (needs tokenizer).
+    """
+    if int(max_new_tokens) < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    if stop and tokenizer is None:
+        raise ValueError(f"generate: stop={tuple(stop)!r} needs a tokenizer (stop strings are matched on text)")
+    if len(prompt_ids) == 0:
+        raise ValueError("prompt_ids is empty")
+    cache_len = prompt_bucket(prompt_ids) + _pow2_at_least(int(max_new_tokens))
+    session = start(model, params, prompt_ids, max_cache_len=cache_len, tokenizer=tokenizer, seed=seed,
+                    logits_fn=logits_fn)
+    _, results = decode(session, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=stop)
+    return results

@@ -31,139 +31,139 @@ ROLLOUT_CACHE_LEN = 2048  # a Search-R1-style rollout's max_cache_len
 
 
 def _median_time(fn, iters: int) -> tuple[float, float]:
-  """(first call seconds, median of `iters` further calls); fn() must block until done."""
-  start = time.perf_counter()
-  fn()
-  first = time.perf_counter() - start
-  times = []
-  for _ in range(iters):
+    """(first call seconds, median of `iters` further calls); fn() must block until done."""
     start = time.perf_counter()
     fn()
-    times.append(time.perf_counter() - start)
-  return first, statistics.median(times)
+    first = time.perf_counter() - start
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return first, statistics.median(times)
 
 
 def _prompts(batch: int, vocab: int, seed: int = 0) -> list:
-  rng = np.random.default_rng(seed)
-  return rng.integers(100, vocab, size=(batch, PROMPT_LEN)).tolist()
+    rng = np.random.default_rng(seed)
+    return rng.integers(100, vocab, size=(batch, PROMPT_LEN)).tolist()
 
 
 def _ours_decode_seconds(model, params, prompts, new_tokens: int, iters: int,
                          cache_len: int = 0) -> tuple[float, float]:
-  """(compile+first seconds, median decode seconds) for `new_tokens` greedy tokens, prefill excluded.
-  cache_len: the session's max_cache_len (default: just enough)."""
-  from searchjax import generation
-  cache_len = max(cache_len, PROMPT_LEN + new_tokens)
+    """(compile+first seconds, median decode seconds) for `new_tokens` greedy tokens, prefill excluded.
+    cache_len: the session's max_cache_len (default: just enough)."""
+    from searchjax import generation
+    cache_len = max(cache_len, PROMPT_LEN + new_tokens)
 
-  def once():
-    session = generation.start(model, params, prompts, max_cache_len=cache_len, eos_token_ids=())
-    jax.block_until_ready(session.state)
-    start = time.perf_counter()
-    _, results = generation.decode(session, new_tokens)
-    elapsed = time.perf_counter() - start
-    assert all(len(r.token_ids) == new_tokens for r in results)
-    return elapsed
+    def once():
+        session = generation.start(model, params, prompts, max_cache_len=cache_len, eos_token_ids=())
+        jax.block_until_ready(session.state)
+        start = time.perf_counter()
+        _, results = generation.decode(session, new_tokens)
+        elapsed = time.perf_counter() - start
+        assert all(len(r.token_ids) == new_tokens for r in results)
+        return elapsed
 
-  first = once()
-  return first, statistics.median(once() for _ in range(iters))
+    first = once()
+    return first, statistics.median(once() for _ in range(iters))
 
 
 def _transformers_model(model, params):
-  import torch
-  import transformers
-  from searchjax.models import save_pretrained
-  directory = tempfile.mkdtemp(prefix="bench-generation-")
-  save_pretrained(model, params, directory)
-  return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    import torch
+    import transformers
+    from searchjax.models import save_pretrained
+    directory = tempfile.mkdtemp(prefix="bench-generation-")
+    save_pretrained(model, params, directory)
+    return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
 
 
 def _transformers_decode_seconds(hf, prompts, new_tokens: int, iters: int) -> float:
-  """Median seconds of generate(new_tokens) minus generate(1 token), per the same prompts."""
-  import torch
-  ids = torch.tensor(prompts)
-  mask = torch.ones_like(ids)
+    """Median seconds of generate(new_tokens) minus generate(1 token), per the same prompts."""
+    import torch
+    ids = torch.tensor(prompts)
+    mask = torch.ones_like(ids)
 
-  def run(n):
-    with torch.no_grad():
-      out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                        temperature=None, top_p=None, top_k=None, pad_token_id=0)
-    assert out.shape[1] == ids.shape[1] + n
+    def run(n):
+        with torch.no_grad():
+            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                              temperature=None, top_p=None, top_k=None, pad_token_id=0)
+        assert out.shape[1] == ids.shape[1] + n
 
-  run(1)  # warm-up (allocator, first-call paths); torch eager has nothing to compile
-  differences = []
-  for _ in range(iters):
-    start = time.perf_counter()
-    run(new_tokens)
-    full = time.perf_counter() - start
-    start = time.perf_counter()
-    run(1)
-    differences.append(full - (time.perf_counter() - start))
-  return max(statistics.median(differences), 1e-9)
+    run(1)  # warm-up (allocator, first-call paths); torch eager has nothing to compile
+    differences = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        run(new_tokens)
+        full = time.perf_counter() - start
+        start = time.perf_counter()
+        run(1)
+        differences.append(full - (time.perf_counter() - start))
+    return max(statistics.median(differences), 1e-9)
 
 
 def _rollout_seconds(model, params, batch: int, turns: int, decode_tokens: int, block: int, iters: int):
-  """(continuation seconds, re-prefill seconds) for `turns` decode calls with a `block`-token append between."""
-  from searchjax import generation
-  prompts = _prompts(batch, model.config.vocab_size, seed=1)
-  rng = np.random.default_rng(2)
-  blocks = [rng.integers(100, model.config.vocab_size, size=(batch, block)).tolist() for _ in range(turns - 1)]
-  cache_len = 2 * (PROMPT_LEN + turns * decode_tokens + (turns - 1) * block)  # room for re-prefill buckets
+    """(continuation seconds, re-prefill seconds) for `turns` decode calls with a `block`-token append between."""
+    from searchjax import generation
+    prompts = _prompts(batch, model.config.vocab_size, seed=1)
+    rng = np.random.default_rng(2)
+    blocks = [rng.integers(100, model.config.vocab_size, size=(batch, block)).tolist() for _ in range(turns - 1)]
+    cache_len = 2 * (PROMPT_LEN + turns * decode_tokens + (turns - 1) * block)  # room for re-prefill buckets
 
-  def continuation():
-    session = generation.start(model, params, prompts, max_cache_len=cache_len, eos_token_ids=())
-    for turn in range(turns):
-      session, _ = generation.decode(session, decode_tokens)
-      if turn < turns - 1:
-        session = generation.append(session, blocks[turn])
+    def continuation():
+        session = generation.start(model, params, prompts, max_cache_len=cache_len, eos_token_ids=())
+        for turn in range(turns):
+            session, _ = generation.decode(session, decode_tokens)
+            if turn < turns - 1:
+                session = generation.append(session, blocks[turn])
 
-  def reprefill():
-    history = [list(p) for p in prompts]
-    for turn in range(turns):
-      session = generation.start(model, params, history, max_cache_len=cache_len, eos_token_ids=())
-      _, results = generation.decode(session, decode_tokens)
-      if turn < turns - 1:
-        history = [h + r.token_ids + b for h, r, b in zip(history, results, blocks[turn])]
+    def reprefill():
+        history = [list(p) for p in prompts]
+        for turn in range(turns):
+            session = generation.start(model, params, history, max_cache_len=cache_len, eos_token_ids=())
+            _, results = generation.decode(session, decode_tokens)
+            if turn < turns - 1:
+                history = [h + r.token_ids + b for h, r, b in zip(history, results, blocks[turn])]
 
-  _, cont = _median_time(continuation, iters)
-  _, re = _median_time(reprefill, iters)
-  return cont, re
+    _, cont = _median_time(continuation, iters)
+    _, re = _median_time(reprefill, iters)
+    return cont, re
 
 
 def run(args: common.BenchArgs) -> list[dict]:
-  from searchjax.data import assets
-  from searchjax.models import load_pretrained
-  model, params = load_pretrained(assets.smollm2_gguf(), dtype="float32")
-  weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
-  bandwidth = common.memory_bandwidth()
-  hf = _transformers_model(model, params)
-  # --quick is a smoke run of this file (a minute or two on a busy machine), not a measurement.
-  new_tokens = 8 if args.quick else 64
-  batches = (1, 8) if args.quick else (1, 8, 32)
-  iters = 1 if args.quick else max(1, min(args.iters, 3))
-  reference_iters = 1 if args.quick else max(1, min(args.iters, 2))  # transformers at b=32: minutes per call
-  rows = []
-  for batch in batches:
-    prompts = _prompts(batch, model.config.vocab_size)
-    first, ours = _ours_decode_seconds(model, params, prompts, new_tokens, iters)
-    reference = _transformers_decode_seconds(hf, prompts, new_tokens, reference_iters)
-    ours_tok_s = batch * new_tokens / ours
-    ref_tok_s = batch * (new_tokens - 1) / reference
-    bound_steps = bandwidth / weight_bytes
-    rows.append({"case": f"decode b={batch}", "batch": batch, "new_tokens": new_tokens,
-                 "ours_tok_s": ours_tok_s, "transformers_tok_s": ref_tok_s, "speedup": ours_tok_s / ref_tok_s,
-                 "bound_tok_s": batch * bound_steps, "bound_fraction": (ours_tok_s / batch) / bound_steps,
-                 "compile_s": max(first - ours, 0.0), "weight_mb": weight_bytes / 1e6,
-                 "bandwidth_gb_s": bandwidth / 1e9})
-  # A rollout-sized cache (most of it still empty): the step attends over the filled window only, so this
-  # should match the row above rather than scale with max_cache_len.
-  prompts = _prompts(8, model.config.vocab_size)
-  first, ours = _ours_decode_seconds(model, params, prompts, new_tokens, iters, cache_len=ROLLOUT_CACHE_LEN)
-  rows.append({"case": f"decode b=8 max_cache_len={ROLLOUT_CACHE_LEN}", "batch": 8, "new_tokens": new_tokens,
-               "ours_tok_s": 8 * new_tokens / ours, "bound_tok_s": 8 * bandwidth / weight_bytes,
-               "bound_fraction": (new_tokens / ours) / (bandwidth / weight_bytes),
-               "compile_s": max(first - ours, 0.0)})
-  turns, decode_tokens, block = 3, (8 if args.quick else 32), (16 if args.quick else 96)
-  cont, re = _rollout_seconds(model, params, 8, turns, decode_tokens, block, iters)
-  rows.append({"case": f"rollout b=8 {turns} turns", "batch": 8, "new_tokens": turns * decode_tokens,
-               "continuation_s": cont, "reprefill_s": re, "speedup": re / cont})
-  return rows
+    from searchjax.data import assets
+    from searchjax.models import load_pretrained
+    model, params = load_pretrained(assets.smollm2_gguf(), dtype="float32")
+    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    bandwidth = common.memory_bandwidth()
+    hf = _transformers_model(model, params)
+    # --quick is a smoke run of this file (a minute or two on a busy machine), not a measurement.
+    new_tokens = 8 if args.quick else 64
+    batches = (1, 8) if args.quick else (1, 8, 32)
+    iters = 1 if args.quick else max(1, min(args.iters, 3))
+    reference_iters = 1 if args.quick else max(1, min(args.iters, 2))  # transformers at b=32: minutes per call
+    rows = []
+    for batch in batches:
+        prompts = _prompts(batch, model.config.vocab_size)
+        first, ours = _ours_decode_seconds(model, params, prompts, new_tokens, iters)
+        reference = _transformers_decode_seconds(hf, prompts, new_tokens, reference_iters)
+        ours_tok_s = batch * new_tokens / ours
+        ref_tok_s = batch * (new_tokens - 1) / reference
+        bound_steps = bandwidth / weight_bytes
+        rows.append({"case": f"decode b={batch}", "batch": batch, "new_tokens": new_tokens,
+                     "ours_tok_s": ours_tok_s, "transformers_tok_s": ref_tok_s, "speedup": ours_tok_s / ref_tok_s,
+                     "bound_tok_s": batch * bound_steps, "bound_fraction": (ours_tok_s / batch) / bound_steps,
+                     "compile_s": max(first - ours, 0.0), "weight_mb": weight_bytes / 1e6,
+                     "bandwidth_gb_s": bandwidth / 1e9})
+    # A rollout-sized cache (most of it still empty): the step attends over the filled window only, so this
+    # should match the row above rather than scale with max_cache_len.
+    prompts = _prompts(8, model.config.vocab_size)
+    first, ours = _ours_decode_seconds(model, params, prompts, new_tokens, iters, cache_len=ROLLOUT_CACHE_LEN)
+    rows.append({"case": f"decode b=8 max_cache_len={ROLLOUT_CACHE_LEN}", "batch": 8, "new_tokens": new_tokens,
+                 "ours_tok_s": 8 * new_tokens / ours, "bound_tok_s": 8 * bandwidth / weight_bytes,
+                 "bound_fraction": (new_tokens / ours) / (bandwidth / weight_bytes),
+                 "compile_s": max(first - ours, 0.0)})
+    turns, decode_tokens, block = 3, (8 if args.quick else 32), (16 if args.quick else 96)
+    cont, re = _rollout_seconds(model, params, 8, turns, decode_tokens, block, iters)
+    rows.append({"case": f"rollout b=8 {turns} turns", "batch": 8, "new_tokens": turns * decode_tokens,
+                 "continuation_s": cont, "reprefill_s": re, "speedup": re / cont})
+    return rows

@@ -8,40 +8,40 @@ STOPS = ("</search>", "</answer>")
 
 
 def test_scripted_search_rollout(smollm2_tokenizer):
-  tok = smollm2_tokenizer
-  info = lambda text: tok.encode(f"\n\n<information>{text}</information>\n\n")
-  # Per row: alternating (generated text, appended block) segments.
-  scripts = [
-      ["<think>need a lookup</think>\n<search>capital of France</search>", info("Doc 1(Title: Paris) Paris is"),
-       "<answer>Paris</answer>"],
-      ["<answer>42</answer>"],
-      ["<search>first</search>", info("Doc 1(Title: A) a"), "ok <search>second</search>",
-       info("Doc 1(Title: B) b"), "<answer>B</answer>"],
-  ]
-  prompts = [tok.encode(f"Question {i}:") for i in range(3)]
-  transcripts = []
-  for prompt, script in zip(prompts, scripts):
-    transcripts.append(list(prompt) + [t for s in script for t in (tok.encode(s) if isinstance(s, str) else s)])
-  eos = tok.eos_token_ids[0]
+    tok = smollm2_tokenizer
+    info = lambda text: tok.encode(f"\n\n<information>{text}</information>\n\n")
+    # Per row: alternating (generated text, appended block) segments.
+    scripts = [
+        ["<think>need a lookup</think>\n<search>capital of France</search>", info("Doc 1(Title: Paris) Paris is"),
+         "<answer>Paris</answer>"],
+        ["<answer>42</answer>"],
+        ["<search>first</search>", info("Doc 1(Title: A) a"), "ok <search>second</search>",
+         info("Doc 1(Title: B) b"), "<answer>B</answer>"],
+    ]
+    prompts = [tok.encode(f"Question {i}:") for i in range(3)]
+    transcripts = []
+    for prompt, script in zip(prompts, scripts):
+        transcripts.append(list(prompt) + [t for s in script for t in (tok.encode(s) if isinstance(s, str) else s)])
+    eos = tok.eos_token_ids[0]
 
-  def next_token(row, tokens):
-    if row >= len(transcripts) or len(tokens) >= len(transcripts[row]):
-      return eos
-    assert tokens == transcripts[row][:len(tokens)]  # the policy sees exactly what was generated and appended
-    return transcripts[row][len(tokens)]
+    def next_token(row, tokens):
+        if row >= len(transcripts) or len(tokens) >= len(transcripts[row]):
+            return eos
+        assert tokens == transcripts[row][:len(tokens)]  # the policy sees exactly what was generated and appended
+        return transcripts[row][len(tokens)]
 
-  fn = generation.policy_logits_fn(next_token, tok.vocab_size)
-  session = generation.start(None, None, prompts, max_cache_len=256, tokenizer=tok, logits_fn=fn)
-  reasons = []
-  for turn in range(3):
-    session, results = generation.decode(session, 40, temperature=1.0, stop=STOPS)  # sampled: still forced
-    reasons.append([r.stop_reason for r in results])
-    for row, result in enumerate(results):
-      expected = scripts[row][2 * turn] if 2 * turn < len(scripts[row]) else None
-      assert result.token_ids == ([] if expected is None else tok.encode(expected)), (turn, row)
-      assert all(lp > -1e-3 for lp in result.logprobs)
-    blocks = [scripts[row][2 * turn + 1] if 2 * turn + 1 < len(scripts[row]) else [] for row in range(3)]
-    if turn < 2:
-      session = generation.append(session, blocks)
-  assert reasons == [["stop"] * 3, ["stop", "stop", "stop"], ["stop", "stop", "stop"]]
-  assert generation.sequences(session) == transcripts
+    fn = generation.policy_logits_fn(next_token, tok.vocab_size)
+    session = generation.start(None, None, prompts, max_cache_len=256, tokenizer=tok, logits_fn=fn)
+    reasons = []
+    for turn in range(3):
+        session, results = generation.decode(session, 40, temperature=1.0, stop=STOPS)  # sampled: still forced
+        reasons.append([r.stop_reason for r in results])
+        for row, result in enumerate(results):
+            expected = scripts[row][2 * turn] if 2 * turn < len(scripts[row]) else None
+            assert result.token_ids == ([] if expected is None else tok.encode(expected)), (turn, row)
+            assert all(lp > -1e-3 for lp in result.logprobs)
+        blocks = [scripts[row][2 * turn + 1] if 2 * turn + 1 < len(scripts[row]) else [] for row in range(3)]
+        if turn < 2:
+            session = generation.append(session, blocks)
+    assert reasons == [["stop"] * 3, ["stop", "stop", "stop"], ["stop", "stop", "stop"]]
+    assert generation.sequences(session) == transcripts
