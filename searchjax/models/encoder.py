@@ -361,8 +361,33 @@ def _bert_embed_fn(config: EncoderConfig):
     return embed
 
 
+class _BucketedEmbedder:
+    """`encode` and `warmup` over length-bucketed batches, shared by both embedders. A subclass provides
+    `tokenize(texts, is_query)`, `_embed(params, ids, mask)`, `params`, `dim`, `batch_size`,
+    `steps_per_octave`, `max_batch_tokens`, `_token_limit()` and `_pad_id()`."""
+
+    warmup_tokens = 32  # query lengths compiled by default at warmup (instruction prefixes need more)
+
+    def warmup(self, max_tokens: int | None = None) -> int:
+        """Compile the shapes of query batches up to max_tokens tokens (see warmup_shapes)."""
+        return warmup_shapes(lambda i, m: self._embed(self.params, i, m), batch_size=self.batch_size,
+                             max_length=self._token_limit(), pad_id=self._pad_id(),
+                             max_tokens=max_tokens or self.warmup_tokens, steps_per_octave=self.steps_per_octave,
+                             max_batch_tokens=self.max_batch_tokens)
+
+    def encode(self, texts: Sequence[str], *, is_query: bool = False) -> np.ndarray:
+        """[N, D] float32 embeddings of `texts` (query formatting applied when is_query)."""
+        if isinstance(texts, str):
+            raise TypeError("encode takes a list of texts, got a single string")
+        if not texts:
+            return np.zeros((0, self.dim), np.float32)
+        return embed_token_ids(self.tokenize(texts, is_query), lambda i, m: self._embed(self.params, i, m),
+                               batch_size=self.batch_size, max_length=self._token_limit(), pad_id=self._pad_id(),
+                               steps_per_octave=self.steps_per_octave, max_batch_tokens=self.max_batch_tokens)
+
+
 @dataclasses.dataclass
-class TextEncoder:
+class TextEncoder(_BucketedEmbedder):
     """A BERT-family embedder: `encode(texts, is_query)` -> [N, D] float32, unit rows when normalising."""
 
     config: EncoderConfig
@@ -396,23 +421,11 @@ class TextEncoder:
         prefix = self.config.query_prefix if is_query else self.config.passage_prefix
         return [e.ids for e in self.tokenizer.encode_batch([prefix + t for t in texts])]
 
-    def warmup(self, max_tokens: int = 32) -> int:
-        """Compile the shapes of query batches up to max_tokens tokens (see warmup_shapes)."""
-        return warmup_shapes(lambda i, m: self._embed(self.params, i, m), batch_size=self.batch_size,
-                             max_length=self.config.max_length, pad_id=self.tokenizer.token_to_id("[PAD]") or 0,
-                             max_tokens=max_tokens, steps_per_octave=self.steps_per_octave,
-                             max_batch_tokens=self.max_batch_tokens)
+    def _token_limit(self) -> int:
+        return self.config.max_length
 
-    def encode(self, texts: Sequence[str], *, is_query: bool = False) -> np.ndarray:
-        """[N, D] embeddings of `texts` (query or passage prefix applied per config)."""
-        if isinstance(texts, str):
-            raise TypeError("encode takes a list of texts, got a single string")
-        if not texts:
-            return np.zeros((0, self.dim), np.float32)
-        return embed_token_ids(self.tokenize(texts, is_query), lambda i, m: self._embed(self.params, i, m),
-                               batch_size=self.batch_size, max_length=self.config.max_length,
-                               pad_id=self.tokenizer.token_to_id("[PAD]") or 0,
-                               steps_per_octave=self.steps_per_octave, max_batch_tokens=self.max_batch_tokens)
+    def _pad_id(self) -> int:
+        return self.tokenizer.token_to_id("[PAD]") or 0
 
 
 def load_encoder(path: str | os.PathLike | None = None, *, preset: str | None = None,
@@ -444,7 +457,7 @@ QWEN3_EMBEDDING_TASK = "Given a web search query, retrieve relevant passages tha
 
 
 @dataclasses.dataclass
-class DecoderEmbedder:
+class DecoderEmbedder(_BucketedEmbedder):
     """Our decoder (searchjax.models Transformer, return_hidden=True) as an embedder: last-token pooling.
 
     Queries become f"Instruct: {task}\\nQuery:{query}" (Qwen3-Embedding's format); passages are bare.
@@ -463,6 +476,7 @@ class DecoderEmbedder:
     steps_per_octave: int = 1
     max_batch_tokens: int | None = 4096
     source: str = ""                 # the directory loaded from (recorded in manifests, to reload)
+    warmup_tokens = 64               # the instruction prefix alone is ~20 tokens (a class attribute, not a field)
 
     def __post_init__(self):
         from searchjax.models import positions_from_mask
@@ -498,22 +512,11 @@ class DecoderEmbedder:
         return [self.tokenizer.encode(self.format_query(t) if is_query else t, add_special_tokens=False)[:keep]
                 + self._append_ids for t in texts]
 
-    def warmup(self, max_tokens: int = 64) -> int:
-        """Compile the shapes of query batches up to max_tokens tokens (the instruction prefix included)."""
-        return warmup_shapes(lambda i, m: self._embed(self.params, i, m), batch_size=self.batch_size,
-                             max_length=self.max_length, pad_id=self.tokenizer.pad_token_id or 0,
-                             max_tokens=max_tokens, steps_per_octave=self.steps_per_octave,
-                             max_batch_tokens=self.max_batch_tokens)
+    def _token_limit(self) -> int:
+        return self.max_length
 
-    def encode(self, texts: Sequence[str], *, is_query: bool = False) -> np.ndarray:
-        if isinstance(texts, str):
-            raise TypeError("encode takes a list of texts, got a single string")
-        if not texts:
-            return np.zeros((0, self.dim), np.float32)
-        return embed_token_ids(self.tokenize(texts, is_query), lambda i, m: self._embed(self.params, i, m),
-                               batch_size=self.batch_size, max_length=self.max_length,
-                               pad_id=self.tokenizer.pad_token_id or 0, steps_per_octave=self.steps_per_octave,
-                               max_batch_tokens=self.max_batch_tokens)
+    def _pad_id(self) -> int:
+        return self.tokenizer.pad_token_id or 0
 
 
 def load_decoder_embedder(path: str | os.PathLike, *, name: str | None = None, dtype: str = "float32",
