@@ -44,7 +44,10 @@ def get_config(arg: str = ""):
     config.progress = True  # tqdm progress bar over questions
 
     config.model = ml_collections.ConfigDict()
-    config.model.path = "smollm2"  # HF dir, .gguf file, or "smollm2" (the embedded SmolLM2-135M-Instruct GGUF)
+    # HF dir, .gguf file, "smollm2" (the embedded SmolLM2-135M-Instruct GGUF), or a launch/train.py --workdir
+    # (its base model and tokenizer, with the params of its checkpoint `checkpoint_step`).
+    config.model.path = "smollm2"
+    config.model.checkpoint_step = -1  # training workdir only: which checkpoint (-1 = the latest)
     config.model.tokenizer = ""  # tokenizer location if not the model's own ("" = model.path)
     config.model.dtype = "float32"  # compute dtype (bfloat16 on accelerators)
 

@@ -1,16 +1,19 @@
 r"""Quickstart: a short Search-R1 GRPO run of SmolLM2-135M-Instruct on the embedded default, on CPU.
 
 What it does: the Search-R1 recipe (outcome EM reward, GRPO, observation tokens masked from the loss,
-k3 KL to the initial policy) shrunk to CPU size: 2 questions x 4 rollouts per step, up to 2 searches of
-the BM25 index over the 10,033-passage default corpus, 2 passages per search, short turns. The questions
-are the 75 embedded-default FanOutQA sub-questions; evaluation rolls out greedily on the first 8 of
-them (the same set: this run shows the machinery working, not generalisation).
+k3 KL to the initial policy) shrunk to CPU size: 3 steps of 2 questions x 4 rollouts, up to 2 searches
+of the BM25 index over the 10,033-passage default corpus, 2 passages per search (96 tokens at most),
+48-token turns. The questions are the 75 embedded-default FanOutQA sub-questions. Memory: activation
+checkpointing per layer and micro-batches of 2 trajectories keep the update's activations small next
+to the f32 weights, Adam moments and reference (about 2.2 GB for 135M parameters).
 
 Expected result: a finished run with metrics.jsonl, TensorBoard logs, per-step trajectory dumps and a
-checkpoint in --workdir. Reward stays near its start (a 135M model, 4 steps, lr 1e-6): the paper's
-gains need the search_r1.py config's scale. Run time: a few minutes on 2 CPU cores.
+checkpoint in --workdir. Reward stays near its start (a 135M model, 3 steps, lr 1e-6): the paper's
+gains need the search_r1.py config's scale. Then evaluate the trained policy (the README's main job):
 
   python -m launch.train --config configs/quickstart.py --workdir /tmp/searchjax_quickstart
+  python -m launch.evaluate --config configs/evaluate.py --workdir /tmp/searchjax_quickstart/eval \
+      --config.model.path=/tmp/searchjax_quickstart
   python -m launch.train --config configs/quickstart.py --workdir /tmp/searchjax_quickstart --resume
   python -m launch.train --config configs/quickstart.py:smoke --workdir /tmp/qs_smoke   # 1 step, tiny lengths
 
@@ -28,7 +31,7 @@ def get_config(arg: str = ""):
         raise ValueError(f"configs/quickstart.py: unknown variant {arg!r}; valid: '', 'smoke'")
     config = ml_collections.ConfigDict()
     config.seed = 0  # PRNG seed of rollouts and of the prompt order
-    config.total_steps = 4  # RL steps (one rollout batch each)
+    config.total_steps = 3  # RL steps (one rollout batch each)
     config.prompts_per_step = 2  # questions per step; trajectories per step = this x rollout.group_size
 
     config.model = ml_collections.ConfigDict()
@@ -37,7 +40,8 @@ def get_config(arg: str = ""):
     config.model.dtype = "float32"  # compute dtype (bfloat16 on accelerators)
     config.model.param_dtype = "float32"  # dtype the forward pass sees the parameters in
     config.model.master_dtype = ""  # "float32" keeps f32 master weights for bf16 params; "" = none
-    config.model.remat_policy = "none"  # activation checkpointing: none | full | dots_saveable | ...
+    config.model.remat_policy = "full"  # activation checkpointing: none | full | dots_saveable | ... ("none"
+    # keeps every layer's [B, heads, T, T] attention weights for the backward pass: ~12 GB here)
 
     config.mesh = ml_collections.ConfigDict()
     config.mesh.data = 1  # data-parallel replicas
@@ -56,13 +60,13 @@ def get_config(arg: str = ""):
     config.rollout = ml_collections.ConfigDict()  # searchjax.agent.rollout.RolloutConfig, field for field
     config.rollout.group_size = 4  # rollouts per question (GRPO group)
     config.rollout.max_turns = 2  # searching turns before the answer is forced
-    config.rollout.max_new_tokens_per_turn = 64  # generated tokens per turn
-    config.rollout.max_obs_tokens = 192  # retrieved-text tokens appended per search (truncated beyond)
+    config.rollout.max_new_tokens_per_turn = 48  # generated tokens per turn
+    config.rollout.max_obs_tokens = 96  # retrieved-text tokens appended per search (truncated beyond)
     config.rollout.topk = 2  # passages per search
     config.rollout.temperature = 1.0  # sampling temperature; the loss's log-probs use the same
     config.rollout.top_p = 1.0  # nucleus sampling (1 = off)
     config.rollout.top_k = 0  # top-k sampling (0 = off)
-    config.rollout.max_cache_len = 1024  # KV-cache slots per trajectory: prompt + all turns must fit
+    config.rollout.max_cache_len = 768  # KV-cache slots per row: prompt (padded to 2^k) + turns + observations
     config.rollout.search = True  # False: single turn, no tool (Dr.Free's proposer)
 
     config.reward_fn = "exact_match"  # loop.REWARD_FNS: exact_match (Search-R1) | f1
@@ -93,10 +97,10 @@ def get_config(arg: str = ""):
 
     config.batch = ml_collections.ConfigDict()  # how a step's trajectories are split and padded
     config.batch.mini_batch_size = 8  # trajectories per optimizer step (divides the step's trajectories)
-    config.batch.micro_batch_size = 4  # trajectories per gradient-accumulation chunk (memory knob)
+    config.batch.micro_batch_size = 2  # trajectories per gradient-accumulation chunk (memory knob)
     config.batch.epochs = 1  # passes over the step's trajectories (PPO epochs)
-    config.batch.prompt_buckets = (128, 256, 512)  # padded prompt lengths (one compile per bucket pair)
-    config.batch.response_buckets = (128, 256, 512, 1024)  # padded response lengths
+    config.batch.prompt_buckets = (192, 384)  # padded prompt lengths (one compile per bucket pair; prompts ~150)
+    config.batch.response_buckets = (128, 256, 384)  # padded response lengths (<= 3 x 48 + 2 x ~110 here)
 
     config.sft = ml_collections.ConfigDict()  # optional supervised warm start before RL
     config.sft.demonstrations = ""  # jsonl of {prompt_ids, response_ids, loss_mask} ("" = no warm start)
@@ -108,7 +112,7 @@ def get_config(arg: str = ""):
     config.sft.seed = 0  # demonstration order
 
     config.eval = ml_collections.ConfigDict()
-    config.eval.every = 4  # evaluate every this many steps (0 = never)
+    config.eval.every = 0  # evaluate every this many steps (0 = never: the main job runs launch/evaluate.py after)
     config.eval.num_prompts = 8  # first N eval prompts, one greedy rollout each (0 = all)
     config.eval.seed = 0  # rollout seed of evaluation (greedy: only ties depend on it)
 
@@ -133,6 +137,7 @@ def get_config(arg: str = ""):
         config.rollout.max_cache_len = 512
         config.batch.mini_batch_size = 4
         config.batch.micro_batch_size = 2
+        config.batch.prompt_buckets = (128, 256, 512)
         config.batch.response_buckets = (64, 128)
         config.eval.every = 1
         config.eval.num_prompts = 2

@@ -13,6 +13,7 @@ config is written to <workdir>/config.json. SIGTERM saves a checkpoint and exits
 import json
 import os
 import pathlib
+from typing import Callable
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -23,7 +24,11 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 _RESUME = flags.DEFINE_bool("resume", False, "Continue from the latest checkpoint in --workdir.")
 
 
-def main(argv):
+def run(argv, train: Callable[..., dict]) -> dict:
+    """The body shared with launch/selfplay.py: start-up, config.json, then `train(config, workdir, resume=...)`.
+
+    `train` imports what it needs itself: nothing may touch a JAX backend before `distributed.initialize`.
+    """
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config = _CONFIG.value
@@ -37,9 +42,18 @@ def main(argv):
     if jax.process_index() == 0:
         (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=str))
     logging.info("devices: %s; config:\n%s", jax.devices(), config)
-    from searchjax.rl import loop
-    metrics = loop.train(config, workdir, resume=_RESUME.value)
+    metrics = train(config, workdir, resume=_RESUME.value)
     logging.info("last step's metrics: %s", json.dumps(metrics, sort_keys=True))
+    return metrics
+
+
+def _search_agent_train(config, workdir, *, resume: bool) -> dict:
+    from searchjax.rl import loop
+    return loop.train(config, workdir, resume=resume)
+
+
+def main(argv):
+    run(argv, _search_agent_train)
 
 
 if __name__ == "__main__":

@@ -7,19 +7,20 @@ Rows:
   * update/jax and update/torch: one optimizer step of the Search-R1 policy loss (clipped surrogate with
     ratio clip 0.2 + 0.001 x k3 KL, token-mean over response tokens, log-probs of logits / temperature,
     global-norm clip 1.0, AdamW lr 1e-6) on SmolLM2-135M (float32) for 8 trajectories x 512 tokens
-    (128 prompt + 384 response). tokens/s = trajectories x tokens / median step time; peak_rss_gib is the
+    (128 prompt + 384 response), gradients accumulated over micro-batches of MICRO_BATCH = 2 trajectories on
+    both sides. tokens/s = trajectories x tokens / median step time; peak_rss_gib is the
     peak resident memory of a fresh process that ran only that side (so each side's figure is its own).
     `ratio` on the jax row = jax tokens/s / torch tokens/s (goal >= 1).
-  * quickstart_step: configs/quickstart.py for 2 steps; per step, seconds in rollout, reward, old-logprob
-    recompute (plus the reference's) and update, from the loop's own time/* metrics. Step 1 includes
-    compilation (or persistent-cache loading); step 2 is steady state.
+  * quickstart_step: configs/quickstart.py (--quick: its "smoke" variant) for 2 steps in a fresh process;
+    per step, seconds in rollout, reward, old-logprob recompute (plus the reference's) and update, from the
+    loop's own time/* metrics, and the process's peak resident memory so far. Step 1 includes compilation
+    (or persistent-cache loading); step 2 is steady state.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-import resource
 import tempfile
 
 import numpy as np
@@ -27,6 +28,7 @@ import numpy as np
 from searchjax.bench.common import BenchArgs, timeit
 
 TEMPERATURE, CLIP, KL_COEF, LR = 1.0, 0.2, 0.001, 1e-6
+MICRO_BATCH = 2  # trajectories per gradient-accumulation chunk, both sides (bounds activation memory)
 
 
 def _shapes(quick: bool) -> tuple[int, int, int]:
@@ -45,10 +47,6 @@ def _synthetic_batch(vocab: int, quick: bool, seed: int = 0) -> dict:
             "advantages": rng.standard_normal(rows).astype(np.float32)}
 
 
-def _peak_rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # Linux: KiB
-
-
 def _jax_side(quick: bool, warmup: int, iters: int, queue) -> None:
     from searchjax import runtime
     runtime.enable_compilation_cache()
@@ -59,21 +57,23 @@ def _jax_side(quick: bool, warmup: int, iters: int, queue) -> None:
     batch = _synthetic_batch(model.config.vocab_size, quick)
     rows = len(batch["input_ids"])
     logprob_fn = trainer.make_logprob_fn(model, TEMPERATURE)
-    old = trainer.batch_logprobs(logprob_fn, params, batch, rows)
+    old = trainer.batch_logprobs(logprob_fn, params, batch, min(MICRO_BATCH, rows))
     batch["old_logprobs"] = old + np.random.default_rng(1).normal(0, 0.05, old.shape).astype(np.float32)
     batch["ref_logprobs"] = old
     optim = trainer.OptimConfig(learning_rate=LR, max_grad_norm=1.0)
     cfg = trainer.LossConfig(temperature=TEMPERATURE, clip_low=CLIP, clip_high=CLIP, kl_coef=KL_COEF)
     step = trainer.make_train_step(model, cfg, optim)
-    state = {"s": trainer.init_train_state(params, trainer.make_optimizer(optim), keep_reference=True)}
+    # The reference's log-probs come precomputed in the batch (as on the torch side): no reference params kept.
+    state = {"s": trainer.init_train_state(params, trainer.make_optimizer(optim))}
     del params
-    stacked = batching.stack_micro_batches(batch, rows)
+    stacked = batching.stack_micro_batches(batch, min(MICRO_BATCH, rows))
 
     def run():
         state["s"], metrics = step(state["s"], stacked)
         return metrics
     timing = timeit(run, warmup=warmup, iters=iters)
-    queue.put({**timing, "peak_rss_gib": _peak_rss_gib()})
+    from searchjax.rl.loop import peak_rss_gib
+    queue.put({**timing, "peak_rss_gib": peak_rss_gib()})
 
 
 def _torch_side(quick: bool, warmup: int, iters: int, queue) -> None:
@@ -88,36 +88,41 @@ def _torch_side(quick: bool, warmup: int, iters: int, queue) -> None:
         del jax_params
         model = transformers.AutoModelForCausalLM.from_pretrained(tmp, torch_dtype=torch.float32)
     model.train()
-    ref_model = None
     batch = {k: torch.from_numpy(np.asarray(v)) for k, v in _synthetic_batch(vocab, quick).items()}
     ids, mask = batch["input_ids"].long(), batch["attention_mask"].long()
     loss_mask, adv = batch["loss_mask"], batch["advantages"][:, None]
 
-    def token_logprobs():
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float() / TEMPERATURE
-        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+    def token_logprobs(rows=slice(None)):
+        logits = model(input_ids=ids[rows], attention_mask=mask[rows]).logits[:, :-1].float() / TEMPERATURE
+        return torch.log_softmax(logits, -1).gather(-1, ids[rows, 1:, None])[..., 0]
 
     with torch.no_grad():
-        old = token_logprobs()
+        old = torch.cat([token_logprobs(slice(i, i + MICRO_BATCH)) for i in range(0, len(ids), MICRO_BATCH)])
     ref = old.clone()
     old = old + torch.from_numpy(np.random.default_rng(1).normal(0, 0.05, tuple(old.shape)).astype(np.float32))
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
-    del ref_model
 
-    def run():
+    def run():  # token-mean over the whole batch, accumulated over micro-batches: sum_k S_k / sum_k D_k
         optimizer.zero_grad(set_to_none=True)
-        logp = token_logprobs()
-        ratio = torch.exp(torch.clamp(logp - old, -20, 20))
-        pg = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - CLIP, 1 + CLIP))
-        d = torch.clamp(ref - logp, -20, 20)
-        kl = torch.clamp(torch.exp(d) - d - 1, -10, 10)
-        loss = ((pg + KL_COEF * kl) * loss_mask).sum() / loss_mask.sum()
-        loss.backward()
+        denom = loss_mask.sum()
+        total = torch.zeros(())
+        for i in range(0, len(ids), MICRO_BATCH):
+            rows = slice(i, i + MICRO_BATCH)
+            logp = token_logprobs(rows)
+            ratio = torch.exp(torch.clamp(logp - old[rows], -20, 20))
+            a = adv[rows]
+            pg = torch.maximum(-a * ratio, -a * torch.clamp(ratio, 1 - CLIP, 1 + CLIP))
+            d = torch.clamp(ref[rows] - logp, -20, 20)
+            kl = torch.clamp(torch.exp(d) - d - 1, -10, 10)
+            loss = ((pg + KL_COEF * kl) * loss_mask[rows]).sum() / denom
+            loss.backward()
+            total += loss.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        return loss.detach()
+        return total
     timing = timeit(run, warmup=warmup, iters=iters)
-    queue.put({**timing, "peak_rss_gib": _peak_rss_gib(), "torch_threads": torch.get_num_threads()})
+    from searchjax.rl.loop import peak_rss_gib
+    queue.put({**timing, "peak_rss_gib": peak_rss_gib(), "torch_threads": torch.get_num_threads()})
 
 
 def _in_fresh_process(fn, *args) -> dict:
@@ -126,14 +131,20 @@ def _in_fresh_process(fn, *args) -> dict:
     queue = ctx.Queue()
     process = ctx.Process(target=fn, args=(*args, queue))
     process.start()
-    result = queue.get()
+    while True:  # a child killed (e.g. out of memory) never puts a result: do not wait for it forever
+        try:
+            result = queue.get(timeout=5)
+            break
+        except Exception:  # queue.Empty
+            if not process.is_alive():
+                raise RuntimeError(f"{fn.__name__} died with exit code {process.exitcode} (out of memory?)")
     process.join()
-    if process.exitcode != 0:
-        raise RuntimeError(f"{fn.__name__} exited with status {process.exitcode}")
     return result
 
 
-def _quickstart_rows(quick: bool) -> list[dict]:
+def _quickstart_side(quick: bool, queue) -> None:
+    from searchjax import runtime
+    runtime.enable_compilation_cache()
     import importlib.util
     import json
     import pathlib
@@ -155,8 +166,9 @@ def _quickstart_rows(quick: bool) -> list[dict]:
         out.append({"name": f"quickstart_step{row['step']}", "rollout_s": row["time/rollout"],
                     "reward_s": row["time/reward"], "old_logprob_s": row["time/old_logprob"],
                     "update_s": row["time/update"], "step_s": row["time/step"],
-                    "trajectories": row["rollout/trajectories"], "response_tokens": row["rollout/response_length"]})
-    return out
+                    "trajectories": row["rollout/trajectories"], "response_tokens": row["rollout/response_length"],
+                    "peak_rss_gib": row["host/peak_rss_gib"]})
+    queue.put(out)
 
 
 def run(args: BenchArgs) -> list[dict]:
@@ -173,4 +185,4 @@ def run(args: BenchArgs) -> list[dict]:
          "tokens_per_s": torch_tps, "peak_rss_gib": torch_t["peak_rss_gib"], "threads": torch_t["torch_threads"],
          "cpus": os.cpu_count()},
     ]
-    return rows + _quickstart_rows(args.quick)
+    return rows + _in_fresh_process(_quickstart_side, args.quick)

@@ -10,7 +10,8 @@ different datasets never share a group id even when their ids do; a duplicate ui
   number.
 * FlashRAG jsonl (`<dataset>/<split>.jsonl`): rows `id`, `question`, `golden_answers` (list or one string);
   data source = the `data_source` argument, else the row's own `data_source`, else the dataset name (the parent
-  directory when the file is named train/dev/test/val/validation.jsonl, the file stem otherwise).
+  directory when the file is named train/dev/test/val/validation.jsonl, the file stem otherwise). Optional
+  `hops` (int, Dr.Free's hop label for HRPO) and `metadata` (object) are carried into the Prompt.
 * The embedded default: the 75 FanOutQA dev sub-questions answerable from the default corpus
   (searchjax.data.default_questions), data source "fanoutqa", the evidence article's title in metadata.
 
@@ -158,9 +159,16 @@ def read_flashrag_jsonl(path, data_source: str = "") -> list[Prompt]:
             if not isinstance(row["question"], str) or not row["question"].strip():
                 raise ValueError(f"{where}: field 'question' must be a non-empty string")
             source = data_source or str(row.get("data_source") or default_source)
+            extra = row.get("metadata", {})
+            if not isinstance(extra, dict):
+                raise ValueError(f"{where}: field 'metadata' must be a JSON object, got {extra!r:.100}")
+            try:
+                hops = int(row.get("hops", 0))
+            except (TypeError, ValueError):
+                raise ValueError(f"{where}: field 'hops' must be an integer, got {row['hops']!r}") from None
             prompts.append(Prompt(uid=f"{source}/{row['id']}", question=row["question"].strip(),
                                   golden_answers=_golds(row["golden_answers"], where, "golden_answers"),
-                                  data_source=source, metadata={"id": str(row["id"])}))
+                                  data_source=source, hops=hops, metadata={**extra, "id": str(row["id"])}))
     return _dedupe_check(prompts, path)
 
 
@@ -173,9 +181,10 @@ def default_prompts() -> list[Prompt]:
 
 
 def load_benchmark(spec: str, *, data_source: str = "") -> list[Prompt]:
-    """"default", a Search-R1 `.parquet` file, or a FlashRAG `.jsonl` file."""
+    """"default", a Search-R1 `.parquet` file, or a FlashRAG `.jsonl` file ("~" expanded)."""
     if spec == "default":
         return default_prompts()
+    spec = str(pathlib.Path(spec).expanduser())
     suffix = pathlib.Path(spec).suffix
     if suffix == ".parquet":
         return read_search_r1_parquet(spec)
@@ -259,18 +268,15 @@ def run_from_config(config, workdir) -> list[dict]:
     """launch/evaluate.py's job (configs/evaluate.py names every field): load the model, tokenizer, retriever and
     questions, evaluate greedily, write <workdir>/predictions.jsonl, summary.json, table.md and config.json, print
     the table; returns the summary rows."""
-    from searchjax.models import load_pretrained
-    from searchjax.rl.setup import build_retriever, resolve_model_path
-    from searchjax.tokenization import load_tokenizer
+    from searchjax.rl.setup import build_retriever, load_policy
     workdir = pathlib.Path(workdir).expanduser()
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=str))
     prompts = load_benchmark(config.data.path, data_source=config.data.data_source)
     if config.data.limit:
         prompts = prompts[:config.data.limit]
-    path = resolve_model_path(config.model.path)
-    model, params = load_pretrained(path, dtype=config.model.dtype)
-    tokenizer = load_tokenizer(resolve_model_path(config.model.tokenizer) if config.model.tokenizer else path)
+    model, params, tokenizer = load_policy(config.model.path, dtype=config.model.dtype,
+                                           tokenizer=config.model.tokenizer, step=config.model.checkpoint_step)
     retriever = build_retriever(config.retrieval)
     cfg = RolloutConfig(group_size=1, temperature=0.0, top_p=1.0, top_k=0, **config.rollout.to_dict())
     log.info("evaluating %s on %d questions of %s with %s", config.model.path, len(prompts), config.data.path, cfg)

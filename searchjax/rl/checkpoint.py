@@ -70,6 +70,35 @@ def restore(manager: ocp.CheckpointManager, abstract_state: Any, step: int | Non
     return restored[STATE_ITEM], dict(restored[LOOP_ITEM]), step
 
 
+def restore_params(directory: str | os.PathLike, abstract_params: Any, step: int | None = None) -> tuple[Any, int]:
+    """(policy master params, step) of checkpoint `step` (default: the latest) under `directory`.
+
+    Reads only the state's "params" subtree (orbax partial restore): no optimizer moments or reference
+    are loaded, so evaluating a checkpoint costs one model's memory. abstract_params: ShapeDtypeStructs (or
+    arrays) of the params' structure; the stored dtype is kept (e.g. float32 master weights).
+    """
+    directory = pathlib.Path(directory).absolute()
+    manager = ocp.CheckpointManager(directory, item_names=(STATE_ITEM, LOOP_ITEM))
+    try:
+        step = manager.latest_step() if step is None else step
+        if step is None or step not in manager.all_steps():
+            raise FileNotFoundError(f"{directory}: no checkpoint {'' if step is None else step} "
+                                    f"(steps: {list(manager.all_steps())})")
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+                              abstract_params)
+        restored = manager.restore(step, args=ocp.args.Composite(**{STATE_ITEM: ocp.args.PyTreeRestore(
+            item={"params": target}, restore_args={"params": jax.tree.map(_restore_arg, target)},
+            partial_restore=True)}))
+    finally:
+        manager.close()
+    return restored[STATE_ITEM]["params"], step
+
+
+def _restore_arg(x: jax.ShapeDtypeStruct) -> ocp.ArrayRestoreArgs:
+    sharding = x.sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return ocp.ArrayRestoreArgs(sharding=sharding, global_shape=x.shape)
+
+
 def export_hf(model, params: Any, directory: str | os.PathLike) -> pathlib.Path:
     """The policy as an HF checkpoint directory (model's param dtype); written by process 0 only."""
     from searchjax.models import save_pretrained

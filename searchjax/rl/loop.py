@@ -28,6 +28,7 @@ optimizer state, PRNG key and data position, so the same trajectories and metric
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import os
 import pathlib
@@ -68,8 +69,20 @@ def search_agent_rollout(components: Components, params, prompts: list, rollout_
                    RolloutConfig(**rollout_cfg), seed=seed)
 
 
+def _imported(module: str, name: str) -> Callable:
+    """A table entry that imports `module.name` on first call: the method modules (judges, encoders, NER)
+    are heavy to import and import this loop themselves."""
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+    call.__qualname__ = f"{module}.{name}"
+    return call
+
+
 # (components, policy params, prompts, config.rollout as a dict, seed) -> trajectories, prompt-major.
-ROLLOUT_FNS: dict[str, Callable] = {"search_agent": search_agent_rollout}
+ROLLOUT_FNS: dict[str, Callable] = {
+    "search_agent": search_agent_rollout,
+    "drfree_proposer": _imported("searchjax.drfree.selfplay", "proposer_rollout_fn"),  # single turn, no search
+}
 
 
 def fixed_reward(fn: Callable[[Sequence], RewardOutput]) -> Callable:
@@ -80,7 +93,14 @@ def fixed_reward(fn: Callable[[Sequence], RewardOutput]) -> Callable:
 # name -> builder(config, components, workdir) -> RewardFn (trajectories -> RewardOutput). A builder lets a
 # reward that needs a judge, an embedder or the policy itself (EviBack, information gain, CCS) set them up
 # once from the config; the RewardFn it returns is called every step.
-REWARD_FNS: dict[str, Callable] = {"exact_match": fixed_reward(exact_match_reward), "f1": fixed_reward(f1_reward)}
+REWARD_FNS: dict[str, Callable] = {
+    "exact_match": fixed_reward(exact_match_reward),
+    "f1": fixed_reward(f1_reward),
+    "eviback": _imported("searchjax.rewards.eviback", "build_eviback_reward"),
+    "ccs": _imported("searchjax.rewards.cycle", "build_ccs_reward"),
+    "drfree_information_gain": _imported("searchjax.drfree.selfplay", "build_information_gain_reward"),
+    "drzero_difficulty": _imported("searchjax.drfree.selfplay", "build_difficulty_reward"),
+}
 
 
 def grpo_estimator(rewards: np.ndarray, trajectories: Sequence, cfg) -> np.ndarray:
@@ -165,6 +185,14 @@ def sampled_entropy(logprobs: np.ndarray, mask: np.ndarray) -> float:
     """
     m = mask > 0
     return float(-logprobs[m].mean()) if m.any() else 0.0
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident host memory so far, GiB (Linux/macOS getrusage)."""
+    import resource
+    import sys
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
 
 
 def _mean_metrics(rows: list[dict]) -> dict[str, float]:
@@ -278,6 +306,9 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
                                         keep_reference=keep_reference)
     manager = checkpoint.make_manager(workdir / "checkpoints", max_to_keep=config.checkpoint.max_to_keep)
     is_main = jax.process_index() == 0
+    if not resume and checkpoint.latest_step(manager) is not None:  # never mix two runs' checkpoints
+        raise FileExistsError(f"{workdir / 'checkpoints'} already holds a run (latest step "
+                              f"{checkpoint.latest_step(manager)}): pass --resume to continue it, or a new --workdir")
 
     if resume and checkpoint.latest_step(manager) is not None:
         abstract = jax.eval_shape(lambda p: trainer.init_train_state(p, optimizer, master_dtype=master_dtype,
@@ -286,7 +317,10 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
         rng = np.asarray(loop_state["rng"], np.uint32)
         position = int(loop_state["data_position"])
     else:
-        if components.demonstrations and config.sft.steps > 0:  # warm start; the reference is the warm-started policy
+        if config.sft.steps > 0 and not components.demonstrations:
+            raise ValueError(f"config.sft.steps={config.sft.steps} but there are no demonstrations "
+                             "(set config.sft.demonstrations to a jsonl of trajectories)")
+        if config.sft.steps > 0:  # warm start; the KL reference is then the warm-started policy
             params, history = sft.warm_start(config, model, params, pshard, mesh, components.demonstrations,
                                              pad_id=tokenizer.pad_token_id)
             if is_main:
@@ -302,6 +336,9 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
     eval_reward_fn = (reward_fn if config.eval_reward_fn == config.reward_fn else
                       _lookup(REWARD_FNS, config.eval_reward_fn, "eval_reward_fn")(config, components, workdir))
     advantage_fn = _lookup(ADVANTAGE_FNS, config.advantage.estimator, "advantage.estimator")
+    # The initial params now live on as the state's reference (or were copied into its master weights);
+    # drop this run's handle on them so a run without a KL term does not hold a second model.
+    components = dataclasses.replace(components, params=None)
     rollout_cfg = config.rollout.to_dict()
     step_fn = trainer.make_train_step(model, lcfg, ocfg, mesh=mesh, shardings=shardings)
     logprob_fn = trainer.make_logprob_fn(model, lcfg.temperature, mesh=mesh, param_shardings=pshard)
@@ -362,6 +399,7 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
             if config.eval.every > 0 and step % config.eval.every == 0:
                 metrics.update(evaluate(config, components, state.params, rollout_fn, eval_reward_fn, rollout_cfg))
             metrics["time/step"] = time.perf_counter() - t_step
+            metrics["host/peak_rss_gib"] = peak_rss_gib()
             writer.write(step, metrics)
             if is_main and config.logging.trajectories_per_step != 0:
                 dump_trajectories(workdir / "trajectories" / f"step_{step:06d}.jsonl", step, trajectories,

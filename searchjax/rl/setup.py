@@ -4,17 +4,19 @@ Kept apart from loop.py so the loop reads as the algorithm; tests and notebooks 
 model, retriever or prompts construct `loop.Components` directly and skip this module.
 
 Config fields read here (see configs/quickstart.py for their comments): mesh.{data,fsdp,tensor};
-model.{path,tokenizer,dtype,param_dtype,remat_policy}; retrieval.{index,url}; data.{train,eval}.
+model.{path,tokenizer,dtype,param_dtype,remat_policy} (path may also be a training workdir: `load_policy`);
+retrieval.{index,url}; data.{train,eval} (readers shared with evaluation: searchjax.eval.benchmarks).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 from typing import Callable
 
 import jax
+
+from searchjax.eval.benchmarks import default_prompts  # noqa: F401  (re-exported: the embedded-default prompts)
 
 # Names usable as model.path besides a filesystem path: the embedded-default assets.
 MODEL_ALIASES: dict[str, Callable[[], pathlib.Path]] = {}
@@ -39,6 +41,46 @@ def resolve_model_path(path: str) -> pathlib.Path:
     return resolved
 
 
+def is_train_workdir(path: str) -> bool:
+    """True when `path` is a launch/train.py --workdir (its config.json and checkpoints/ exist)."""
+    if path in MODEL_ALIASES:
+        return False
+    p = pathlib.Path(path).expanduser()
+    return (p / "config.json").is_file() and (p / "checkpoints").is_dir()
+
+
+def load_policy(path: str, *, dtype: str = "float32", param_dtype: str | None = None, tokenizer: str = "",
+                step: int = -1, mesh=None):
+    """(model, params, tokenizer) from a model.path value: an HF dir, a .gguf file, an alias, or a training
+    workdir of launch/train.py.
+
+    A training workdir holds the base model's location in config.json (model.path, model.tokenizer) and
+    orbax checkpoints: the model and tokenizer come from the base, the params from checkpoint `step`
+    (-1 = the latest), cast to the model's param dtype. tokenizer: overrides the tokenizer location.
+    """
+    import json
+    from searchjax.models import load_pretrained
+    from searchjax.tokenization import load_tokenizer
+    if is_train_workdir(path):
+        workdir = pathlib.Path(path).expanduser()
+        base = json.loads((workdir / "config.json").read_text()).get("model", {})
+        if "path" not in base:
+            raise ValueError(f"{workdir / 'config.json'}: no model.path (is {workdir} a launch/train.py workdir?)")
+        model, params = load_pretrained(resolve_model_path(base["path"]), dtype=dtype,
+                                        param_dtype=param_dtype or base.get("param_dtype") or None, mesh=mesh)
+        from searchjax.rl import checkpoint
+        from searchjax.rl.trainer import cast_tree
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
+        del params  # the checkpoint's params replace the base's
+        master, _ = checkpoint.restore_params(workdir / "checkpoints", abstract, None if step < 0 else step)
+        params = cast_tree(master, model.config.weight_dtype)
+        tokenizer = tokenizer or base.get("tokenizer") or base["path"]
+        return model, params, load_tokenizer(resolve_model_path(tokenizer))
+    resolved = resolve_model_path(path)
+    model, params = load_pretrained(resolved, dtype=dtype, param_dtype=param_dtype, mesh=mesh)
+    return model, params, load_tokenizer(resolve_model_path(tokenizer) if tokenizer else resolved)
+
+
 def make_mesh_from_config(cfg):
     """Mesh (data, fsdp, tensor) from config.mesh; with no -1 axis, the first data*fsdp*tensor devices."""
     from searchjax.sharding import make_mesh
@@ -55,43 +97,14 @@ def param_shardings_for(model, mesh):
 # ------------------------------------------------------------------------------------------------------
 # Prompts
 # ------------------------------------------------------------------------------------------------------
-def default_prompts() -> list:
-    """The embedded-default question set (75 FanOutQA sub-questions answerable from the default corpus)."""
-    from searchjax.agent.rollout import Prompt
-    from searchjax.data.default_questions import default_questions
-    return [Prompt(uid=f"fanoutqa/{q.id}", question=q.question, golden_answers=tuple(q.golden_answers),
-                   data_source="fanoutqa") for q in default_questions()]
-
-
-def jsonl_prompts(path: str) -> list:
-    """Prompts from jsonl rows {"id", "question", "golden_answers", optional "data_source", "hops", "metadata"}."""
-    from searchjax.agent.rollout import Prompt
-    path = pathlib.Path(path)
-    out = []
-    with path.open() as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            missing = [k for k in ("id", "question", "golden_answers") if k not in row]
-            if missing:
-                raise ValueError(f"{path}:{line_no}: missing field(s) {missing}")
-            source = row.get("data_source", "default")
-            out.append(Prompt(uid=f"{source}/{row['id']}", question=row["question"],
-                              golden_answers=tuple(str(a) for a in row["golden_answers"]), data_source=source,
-                              hops=int(row.get("hops", 0)), metadata=dict(row.get("metadata", {}))))
-    if not out:
-        raise ValueError(f"{path}: no prompts")
-    return out
-
-
 def load_prompts(spec: str) -> list:
-    """config.data.train / data.eval: "default" (the embedded default) or "jsonl:<path>"."""
-    if spec == "default":
-        return default_prompts()
+    """config.data.train / data.eval: "default" (the embedded default), a Search-R1 .parquet or FlashRAG .jsonl
+    file (`searchjax.eval.benchmarks.load_benchmark`: the readers evaluation uses), or "jsonl:<path>" for a
+    jsonl file of that format under another name."""
+    from searchjax.eval import benchmarks
     if spec.startswith("jsonl:"):
-        return jsonl_prompts(spec[len("jsonl:"):])
-    raise ValueError(f"config.data prompts {spec!r}: expected 'default' or 'jsonl:<path>'")
+        return benchmarks.read_flashrag_jsonl(pathlib.Path(spec[len("jsonl:"):]).expanduser())
+    return benchmarks.load_benchmark(spec)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -114,15 +127,14 @@ def build_retriever(cfg):
 
 def build_components(config):
     """loop.Components from the config: model and params on the mesh, tokenizer, retriever, prompts."""
-    from searchjax.models import Transformer, load_pretrained
+    from searchjax.models import Transformer
     from searchjax.rl.loop import Components
     from searchjax.rl.sft import load_demonstrations
-    from searchjax.tokenization import load_tokenizer
     mesh = make_mesh_from_config(config.mesh)
-    path = resolve_model_path(config.model.path)
-    model, params = load_pretrained(path, dtype=config.model.dtype, param_dtype=config.model.param_dtype, mesh=mesh)
+    model, params, tokenizer = load_policy(config.model.path, dtype=config.model.dtype,
+                                           param_dtype=config.model.param_dtype, tokenizer=config.model.tokenizer,
+                                           mesh=mesh)
     model = Transformer(model.config.replace(remat_policy=config.model.remat_policy))
-    tokenizer = load_tokenizer(resolve_model_path(config.model.tokenizer) if config.model.tokenizer else path)
     demonstrations = load_demonstrations(config.sft.demonstrations) if config.sft.demonstrations else []
     from searchjax.distributed import process_shard  # multi-host: each process rolls out its own prompts
     return Components(model=model, params=params, tokenizer=tokenizer, retriever=build_retriever(config.retrieval),

@@ -162,8 +162,14 @@ def init_train_state(params: Any, optimizer: optax.GradientTransformation, *, ma
     def init(p):
         master = cast_tree(p, _master_dtype(p, master_dtype))
         return TrainState(step=jnp.zeros((), jnp.int32), params=master, opt_state=optimizer.init(master),
-                          ref_params=p if keep_reference else None, skipped=jnp.zeros((), jnp.int32))
-    return jax.jit(init, out_shardings=shardings)(params)
+                          ref_params=None, skipped=jnp.zeros((), jnp.int32))
+    state = jax.jit(init, out_shardings=None if shardings is None else shardings.replace(ref_params=None))(params)
+    if not keep_reference:
+        return state
+    # The reference is the caller's params themselves, not a copy (a model's worth of memory saved): the
+    # update never donates or changes it (`make_train_step` keeps it out of the jitted step).
+    ref = params if shardings is None else jax.device_put(params, shardings.ref_params)
+    return state.replace(ref_params=ref)
 
 
 def batch_rows_sharding(mesh: Mesh, rules=None, *, stacked: bool) -> NamedSharding:
@@ -318,12 +324,24 @@ def train_step(model, cfg: LossConfig, optimizer: optax.GradientTransformation, 
 
 def make_train_step(model, cfg: LossConfig, optim: OptimConfig, *, mesh: Mesh | None = None, rules=None,
                     shardings: TrainState | None = None) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
-    """Jitted `train_step(state, stacked_batch)` with the state donated (and laid out by `shardings`)."""
+    """`train_step(state, stacked_batch)`, jitted with the state donated (and laid out by `shardings`).
+
+    The frozen reference params bypass the jitted step: the loss reads the reference's log-probs from the
+    batch ("ref_logprobs"), so the step neither needs them nor may donate them (they are the caller's
+    initial params, see `init_train_state`); the returned state carries them unchanged.
+    """
     optimizer = make_optimizer(optim)
     schedule = warmup_constant_schedule(optim.learning_rate, optim.warmup_steps)
     fn = lambda state, batch: train_step(model, cfg, optimizer, schedule, state, batch)
     if mesh is None:
-        return jax.jit(fn, donate_argnums=0)
-    scalar = NamedSharding(mesh, PartitionSpec())
-    return jax.jit(fn, in_shardings=(shardings, batch_rows_sharding(mesh, rules, stacked=True)),
-                   out_shardings=(shardings, scalar), donate_argnums=0)
+        jitted = jax.jit(fn, donate_argnums=0)
+    else:
+        scalar = NamedSharding(mesh, PartitionSpec())
+        no_ref = shardings.replace(ref_params=None)
+        jitted = jax.jit(fn, in_shardings=(no_ref, batch_rows_sharding(mesh, rules, stacked=True)),
+                         out_shardings=(no_ref, scalar), donate_argnums=0)
+
+    def step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+        new_state, metrics = jitted(state.replace(ref_params=None), batch)
+        return new_state.replace(ref_params=state.ref_params), metrics
+    return step

@@ -1,4 +1,5 @@
-"""One step of the real entry point, `python -m launch.train`, on a tiny model and the embedded default."""
+"""One step of the real entry point, `python -m launch.train`, on a tiny model and the embedded default; then
+the trained policy loaded back from the run's workdir, as `launch.evaluate --config.model.path=<workdir>` does."""
 
 import json
 import os
@@ -33,7 +34,7 @@ def test_launch_train_runs_one_step_with_sft_warm_start(task_tokenizer, tmp_path
     command = [sys.executable, "-m", "launch.train", "--config", "configs/quickstart.py:smoke", "--workdir",
                str(workdir), f"--config.model.path={model_dir}", f"--config.sft.demonstrations={demos}",
                "--config.sft.steps=1", "--config.sft.batch_size=4", "--config.sft.micro_batch_size=2",
-               "--config.logging.progress_bar=False"]
+               "--config.logging.progress_bar=False", "--config.checkpoint.export_hf=True"]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
                             env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert result.returncode == 0, result.stderr[-4000:]
@@ -51,3 +52,21 @@ def test_launch_train_runs_one_step_with_sft_warm_start(task_tokenizer, tmp_path
     for d in dumped:  # the prompt is the Search-R1 prompt of the question, through the chat template
         assert tokenizer.decode(d["prompt_ids"]) == protocol.build_prompt(d["question"], tokenizer)
         assert d["uid"].startswith("fanoutqa/") and len(d["loss_mask"]) == len(d["response_ids"])
+
+    # The workdir as a model path (evaluation of the trained policy): the orbax checkpoint's params, read
+    # through a partial restore, equal the HF export written at the same step (an independent format and
+    # reader), and differ from the initial weights (the update changed them).
+    from searchjax.models import load_pretrained
+    from searchjax.rl import setup
+    assert setup.is_train_workdir(str(workdir)) and not setup.is_train_workdir(str(model_dir))
+    model, params, loaded_tokenizer = setup.load_policy(str(workdir))
+    _, exported = load_pretrained(workdir / "hf" / "step_000001")
+    _, initial = load_pretrained(model_dir)
+    assert model.config == load_pretrained(model_dir)[0].config
+    assert jax.tree.structure(params) == jax.tree.structure(exported)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, exported)
+    changed = [not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(params),
+                                                                              jax.tree.leaves(initial))]
+    assert sum(changed) > len(changed) // 2
+    text = "Who wrote <search> x </search>?"
+    assert loaded_tokenizer.encode(text) == tokenizer.encode(text)

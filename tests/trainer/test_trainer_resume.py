@@ -65,7 +65,7 @@ def _final_state(config, workdir, model, params):
 
 def _rows(workdir):
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "host/"))} for r in rows]  # machine-dependent
 
 
 def test_sigterm_then_resume_is_bitwise_identical(tiny_model, tmp_path, monkeypatch):
@@ -107,6 +107,11 @@ def test_sigterm_then_resume_is_bitwise_identical(tiny_model, tmp_path, monkeypa
         name = f"trajectories/step_{step:06d}.jsonl"
         assert (straight / name).read_text() == (interrupted / name).read_text()
     assert int(state_a.step) == 8  # 4 RL steps x 2 mini-batches
+
+    # Starting afresh in a workdir that holds a run is refused (it would interleave two runs' checkpoints).
+    with pytest.raises(FileExistsError, match=r"latest step 4\): pass --resume"):
+        loop.train(config, straight, components=tiny_components(model, params))
+    assert _rows(straight) == _rows(interrupted)  # and nothing was written
 
     # The HF export of the last checkpoint loads back (through the models' own loader) to the same weights.
     from searchjax.models import load_pretrained

@@ -12,7 +12,7 @@ through `searchjax.tokenization.load_tokenizer`; every entity name and colour is
 Demonstrations come from the real rollout (`searchjax.agent.rollout.rollout`) driven by a scripted
 expert `logits_fn` (no model): search the entity named in the question, then answer the last colour
 word in the sequence (the retrieved passage's); they are token-for-token what the rollout produces.
-Some are replaced by blind answers (see `demonstrations`).
+Blind answers (a random colour, no search) are demonstrated too (see `demonstrations`).
 """
 
 from __future__ import annotations
@@ -117,14 +117,13 @@ class ShuffledRetriever:
                  for h in hits] for hits in results]
 
 
-def demonstrations(tokenizer, names, worlds, search_fraction: float, seed: int = 0) -> list:
-    """Expert demonstrations: for each world seed (its own colours, corpus and BM25 index), each name once.
+def demonstrations(tokenizer, names, worlds, seed: int = 0) -> tuple[list, list]:
+    """(searching, blind) expert demonstrations, one of each per name and world seed.
 
-    A `search_fraction` of them (drawn per world) are the real rollout of the searching expert: search the
-    name, copy the retrieved colour. The others answer a random colour at once: the prompt's ids followed by
-    the ids of "<answer>", " COLOUR", "</answer>", exactly what the rollout records for that action. Colours
-    vary across worlds, so the colour must be read from the passage, and whether to search cannot be
-    predicted from the question.
+    searching: the real rollout of the scripted expert in that world (its own colours, corpus and BM25
+    index): search the name, copy the retrieved colour. blind: answer a random colour at once, i.e. the
+    prompt's ids followed by the ids of "<answer>", " COLOUR", "</answer>", exactly what the rollout
+    records for that action. Colours vary across worlds, so the colour must be read from the passage.
     """
     from retrieval.bm25 import BM25Index
     from searchjax.agent.rollout import RolloutConfig, rollout
@@ -133,19 +132,16 @@ def demonstrations(tokenizer, names, worlds, search_fraction: float, seed: int =
     cfg = RolloutConfig(group_size=1, **ROLLOUT)
     expert = expert_logits_fn(tokenizer)  # one function object: generation compiles it once
     answer_open, answer_close = tokenizer.encode("<answer>"), tokenizer.encode("</answer>")
-    out = []
+    searching, blind = [], []
     for w in worlds:
         colours = world(w)
-        searched = rollout(None, None, tokenizer, BM25Index.build(passages(colours)), prompts(names, colours, f"demo{w}"),
-                           cfg, seed=0, logits_fn=expert)
-        for t in searched:
-            if rng.random() < search_fraction:
-                out.append(as_demonstration(t))
-            else:
-                guess = tokenizer.encode(" " + COLOURS[int(rng.integers(len(COLOURS)))])
-                response = answer_open + guess + answer_close
-                out.append(Demonstration(tuple(t.prompt_ids), tuple(response), (1,) * len(response)))
-    return out
+        for t in rollout(None, None, tokenizer, BM25Index.build(passages(colours)), prompts(names, colours, f"demo{w}"),
+                         cfg, seed=0, logits_fn=expert):
+            searching.append(as_demonstration(t))
+            guess = tokenizer.encode(" " + COLOURS[int(rng.integers(len(COLOURS)))])
+            response = answer_open + guess + answer_close
+            blind.append(Demonstration(tuple(t.prompt_ids), tuple(response), (1,) * len(response)))
+    return searching, blind
 
 
 def expert_logits_fn(tokenizer):
