@@ -14,22 +14,22 @@ import ml_collections
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  config = ml_collections.ConfigDict()
-  config.model_path = ""  # HF directory or .gguf file; "" = the embedded default, assets.smollm2_gguf()
-  config.dtype = "float32"  # compute dtype ("float32" | "bfloat16"); parameters are stored in the same dtype
-  config.max_new_tokens = 48  # greedy tokens generated per question (generation also stops at eos)
-  config.prompt_bucket = 64  # prompts are left-padded to a multiple of this (fewer recompilations)
-  config.system_prompt = ""  # "" = the chat template's default system message
-  config.questions = [  # answered closed-book, one chat turn each
-      "What is the capital of France?",
-      "Who wrote the play Romeo and Juliet?",
-      "What is the largest planet in the Solar System?",
-      "In which year did the Second World War end?",
-      "What is the chemical symbol for gold?",
-  ]
-  if variant == "local":
-    config.questions = config.questions[:2]
-    config.max_new_tokens = 16
-  elif variant:
-    raise ValueError(f"unknown closed_book config variant {variant!r}; valid: '' or 'local'")
-  return config
+    config = ml_collections.ConfigDict()
+    config.model_path = ""  # HF directory or .gguf file; "" = the embedded default, assets.smollm2_gguf()
+    config.dtype = "float32"  # compute dtype ("float32" | "bfloat16"); parameters are stored in the same dtype
+    config.max_new_tokens = 48  # greedy tokens generated per question (generation also stops at eos)
+    config.prompt_bucket = 64  # prompts are left-padded to a multiple of this (fewer recompilations)
+    config.system_prompt = ""  # "" = the chat template's default system message
+    config.questions = [  # answered closed-book, one chat turn each
+        "What is the capital of France?",
+        "Who wrote the play Romeo and Juliet?",
+        "What is the largest planet in the Solar System?",
+        "In which year did the Second World War end?",
+        "What is the chemical symbol for gold?",
+    ]
+    if variant == "local":
+        config.questions = config.questions[:2]
+        config.max_new_tokens = 16
+    elif variant:
+        raise ValueError(f"unknown closed_book config variant {variant!r}; valid: '' or 'local'")
+    return config

@@ -13,14 +13,15 @@ count, written to a temporary directory) with BM25 over the synthetic corpus as 
      * IG (eq. 12): one retrieval call + one `answer_logliks` call over every context of the batch;
      * difficulty: n = 5 multi-turn search rollouts per question in one `rollout` call, with the solver
        rollout settings of configs/drfree.py: the quickstart's (2 searching turns x 64 tokens, 192-token
-       observations, top-2) and, unless --quick, the paper variant's (Search-R1's: 4 turns x 500 tokens,
-       500-token observations, top-3).
+       observations, top-2) and, unless --quick or on CPU, the paper variant's (Search-R1's: 4 turns x 500
+       tokens, 500-token observations, top-3; its 6144-slot KV cache for 30 rows takes 8.5 GB in float32).
    Median seconds per call / B; the first call (compilation) is reported apart. Goal: difficulty / IG >= 5.
 2. The whole proposer update step (proposer generation, reward, old log-probs, update) through
-   `searchjax.rl.loop.train` with each reward on the quickstart config (B prompts, 128-token replies,
-   quickstart solver settings), real SmolLM2 generation: median over the steps after the first
-   (which compiles). Reported without a goal; the share of proposals each reward actually scored is
-   reported next to it (a 135M proposer rarely writes a gated question, so IG scores few).
+   launch/selfplay.py (`searchjax.rl.loop.train`) with each reward on the quickstart config (B prompts,
+   128-token replies, quickstart solver settings), real SmolLM2 generation, each run in its own process
+   (memory): median over the steps after the first (which compiles). Reported without a goal; the share
+   of proposals each reward actually scored is reported next to it (a 135M proposer rarely writes a gated
+   question, so IG scores few). The temporary directory (chains, the runs' checkpoints) is removed at the end.
 
 The paper's 7.37-9.61x is per update and also includes Dr.Zero's live proposer-side search, which ours
 does not do.
@@ -45,6 +46,13 @@ def _config(variant: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config(variant)
+
+
+def _variant(args: BenchArgs) -> str:
+    """The configs/drfree.py variant measured: the quickstart, or with --quick its one-step smoke variant
+    (3 chains, 32-token proposer replies, a one-turn 8-token solver): a smoke run of this harness, not a
+    measurement."""
+    return "quickstart_smoke" if args.quick else "quickstart"
 
 
 def templated_reply(record: dict) -> str:
@@ -97,46 +105,55 @@ def _interleaved(fns: dict, iters: int) -> dict[str, list[float]]:
     return times
 
 
-def _update_step_rows(config, components_fn, reward_name: str, steps: int, workdir: pathlib.Path) -> dict:
-    """Run `steps` proposer steps with reward `reward_name`; medians of the time/* metrics after step 1."""
+def update_step_rows(args: BenchArgs, work: pathlib.Path, batch_size: int) -> list[dict]:
+    """Figure 2: the whole proposer step with each reward, each run in its own process (memory: every run
+    holds a policy, Adam moments, a KL reference and a frozen anchor/solver copy of the model) through
+    launch/selfplay.py on the quickstart config; medians of the time/* metrics after the first step."""
+    import subprocess
+    import sys
     from searchjax.drfree import selfplay
-    config = config.copy_and_resolve_references()
-    config.reward_fn = config.eval_reward_fn = reward_name
-    config.total_steps = steps
-    config.eval.every = 0
-    config.checkpoint.every = 0
-    config.logging.trajectories_per_step = 0
-    config.logging.progress_bar = False
-    selfplay.train_proposer(config, workdir, components=components_fn())
-    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()][1:]
-    med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
-    scored = "reward/ig/scored" if reward_name == selfplay.IG_REWARD else "reward/difficulty/questions"
-    return {"step_s": med("time/step"), "rollout_s": med("time/rollout"), "reward_s": med("time/reward"),
-            "old_logprob_s": med("time/old_logprob"), "update_s": med("time/update"),
-            "questions_scored": med(scored), "steps_timed": len(rows)}
+    steps = 2 if args.quick else 1 + max(2, min(args.iters, 3))
+    rows = []
+    for name, reward_name in (("ig", selfplay.IG_REWARD), ("difficulty_quickstart_solver", selfplay.DIFFICULTY_REWARD)):
+        workdir = work / f"run_{name}"
+        overrides = {"reward_fn": reward_name, "eval_reward_fn": reward_name, "total_steps": steps,
+                     "prompts_per_step": batch_size, "batch.mini_batch_size": batch_size,
+                     "batch.micro_batch_size": 1 if batch_size % 2 else 2, "eval.every": 0, "checkpoint.every": 0,
+                     "logging.trajectories_per_step": 0, "logging.progress_bar": False,
+                     "chains.synthetic_dir": str(work / "chains")}
+        config_arg = f"{REPO / 'configs' / 'drfree.py'}:{_variant(args)}"
+        subprocess.run([sys.executable, "-m", "launch.selfplay", "--config", config_arg, f"--workdir={workdir}",
+                        *[f"--config.{k}={v}" for k, v in overrides.items()]], check=True, cwd=REPO)
+        metrics = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+        timed = metrics[1:]
+        med = lambda key: statistics.median(r[key] for r in timed)  # noqa: E731
+        scored = "reward/ig/scored" if name == "ig" else "reward/difficulty/questions"
+        rows.append({"figure": "whole proposer update step", "reward": name, "batch": batch_size,
+                     "step_s": med("time/step"), "rollout_s": med("time/rollout"), "reward_s": med("time/reward"),
+                     "old_logprob_s": med("time/old_logprob"), "update_s": med("time/update"),
+                     "questions_scored": med(scored), "steps_timed": len(timed),
+                     "first_step_s": metrics[0]["time/step"]})
+    return rows
 
 
-def run(args: BenchArgs) -> list[dict]:
+def reward_rows(args: BenchArgs, work: pathlib.Path) -> tuple[list[dict], int]:
+    """Figure 1: (rows, batch size): each reward's time per proposer question on the same gated batch."""
     import jax
-    import jax.numpy as jnp
 
     from retrieval.bm25 import BM25Index
     from retrieval.client import InProcessRetriever
     from retrieval.corpus import read_jsonl_corpus
     from searchjax.agent.rollout import RolloutConfig
     from searchjax.drfree import selfplay
-    from searchjax.drfree.proposer import chain_prompts
     from searchjax.models import load_pretrained
     from searchjax.rewards.difficulty import make_difficulty_reward
     from searchjax.rewards.information_gain import make_information_gain_reward
-    from searchjax.rl.loop import Components
     from searchjax.rl.setup import resolve_model_path
     from searchjax.tokenization import load_tokenizer
 
-    config = _config("quickstart")
-    batch_size = 3 if args.quick else config.prompts_per_step
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_drfree_"))
-    records, corpus = selfplay.synthetic_chain_pool(tmp / "chains", n_per_hop=config.chains.n_per_hop,
+    config = _config(_variant(args))
+    batch_size = config.prompts_per_step
+    records, corpus = selfplay.synthetic_chain_pool(work / "chains", n_per_hop=config.chains.n_per_hop,
                                                     seed=config.chains.seed)
     retriever = InProcessRetriever(BM25Index.build(read_jsonl_corpus(corpus)))
     path = resolve_model_path(config.model.path)
@@ -146,7 +163,7 @@ def run(args: BenchArgs) -> list[dict]:
 
     rewards = {"ig": make_information_gain_reward(model, params, tokenizer, retriever, selfplay.ig_config(config))}
     solver_settings = {"difficulty_quickstart_solver": config.difficulty.rollout}
-    if not args.quick:
+    if not args.quick and jax.default_backend() != "cpu":  # its KV cache: 30 rows x 6144 slots, 8.5 GB in f32
         solver_settings["difficulty_paper_solver"] = _config("").difficulty.rollout
     for name, section in solver_settings.items():
         rewards[name] = make_difficulty_reward(model, params, tokenizer, retriever,
@@ -156,10 +173,11 @@ def run(args: BenchArgs) -> list[dict]:
         start = time.perf_counter()
         outputs[name] = fn(trajectories)
         first[name] = time.perf_counter() - start
-    for _ in range(args.warmup):
+    warmup, iters = (0, min(args.iters, 2)) if args.quick else (args.warmup, args.iters)  # quick: a smoke run
+    for _ in range(warmup):
         for fn in rewards.values():
             fn(trajectories)
-    times = _interleaved({name: (lambda fn=fn: fn(trajectories)) for name, fn in rewards.items()}, args.iters)
+    times = _interleaved({name: (lambda fn=fn: fn(trajectories)) for name, fn in rewards.items()}, iters)
 
     rows = []
     ig_median = statistics.median(times["ig"])
@@ -175,21 +193,17 @@ def run(args: BenchArgs) -> list[dict]:
             row.update(solver_rollouts=m["difficulty/solver_rollouts"], solve_rate=m["difficulty/solve_rate"],
                        goal_5x_met=median / ig_median >= 5.0)
         rows.append(row)
+    return rows, batch_size
 
-    # 2. the whole proposer update step with each reward (real generation), on fresh copies of the policy
-    steps = 2 if args.quick else 1 + max(2, min(args.iters, 3))
-    quick_config = config.copy_and_resolve_references()
-    quick_config.prompts_per_step = batch_size
-    quick_config.batch.mini_batch_size = batch_size
-    quick_config.batch.micro_batch_size = 1 if batch_size % 2 else 2
-    prompts, _ = chain_prompts(records, tokenizer=tokenizer, max_prompt_tokens=config.chains.max_prompt_tokens)
 
-    def components():
-        return Components(model=model, params=jax.tree.map(jnp.copy, params), tokenizer=tokenizer,
-                          retriever=retriever, train_prompts=prompts, eval_prompts=[])
+def run(args: BenchArgs) -> list[dict]:
+    import shutil
 
-    for name, reward_name in (("ig", selfplay.IG_REWARD), ("difficulty_quickstart_solver", selfplay.DIFFICULTY_REWARD)):
-        step = _update_step_rows(quick_config, components, reward_name, steps, tmp / f"run_{name}")
-        rows.append({"figure": "whole proposer update step", "reward": name, "batch": batch_size, **step})
-    rows[0]["jax_backend"] = jax.default_backend()
-    return rows
+    import jax
+    work = pathlib.Path(tempfile.mkdtemp(prefix="bench_drfree_"))
+    try:
+        rows, batch_size = reward_rows(args, work)
+        rows[0].update(jax_backend=jax.default_backend(), config=f"configs/drfree.py:{_variant(args)}")
+        return rows + update_step_rows(args, work, batch_size)
+    finally:  # each update-step run leaves a checkpoint of the policy and its optimizer state (GBs)
+        shutil.rmtree(work, ignore_errors=True)

@@ -236,7 +236,9 @@ def chain_prompts(records: Sequence[dict], *, tokenizer=None, max_prompt_tokens:
     prompts, dropped = [], 0
     for record in records:
         prompt = chain_prompt(record, data_source)
-        if max_prompt_tokens is not None and len(tokenizer.encode(proposer_prompt_text(prompt, tokenizer))) > max_prompt_tokens:
+        too_long = max_prompt_tokens is not None and \
+            len(tokenizer.encode(proposer_prompt_text(prompt, tokenizer))) > max_prompt_tokens
+        if too_long:
             dropped += 1
             continue
         prompts.append(prompt)

@@ -85,8 +85,9 @@ def proposer_rollout(model, params, tokenizer, prompts: Sequence, cfg: RolloutCo
         text = tokenizer.decode(ids)
         answer = parse_proposer_output(text).answer
         trajectories.append(Trajectory(
-            prompt=prompts[i], sample_index=g, prompt_ids=list(prompt_ids[i]), response_ids=ids, loss_mask=[1] * len(ids),
-            sampler_logprobs=[float(x) for x in out.logprobs], response_text=text, queries=[], doc_ids=[], retrieved=[],
+            prompt=prompts[i], sample_index=g, prompt_ids=list(prompt_ids[i]), response_ids=ids,
+            loss_mask=[1] * len(ids), sampler_logprobs=[float(x) for x in out.logprobs], response_text=text,
+            queries=[], doc_ids=[], retrieved=[],
             answer=answer, num_searches=0, duplicate_queries=0, forced_termination=False,
             valid_answer=is_valid_answer(answer), end_reason=_END_REASONS[out.stop_reason], num_turns=1))
     return trajectories
@@ -141,23 +142,11 @@ def build_difficulty_reward(config, components, workdir):
                                   RolloutConfig(**config.difficulty.rollout.to_dict()), base_seed=config.seed)
 
 
-# Entries for searchjax.rl.loop's ROLLOUT_FNS / REWARD_FNS (the names configs/drfree.py uses).
-LOOP_ROLLOUT_FNS = {PROPOSER_ROLLOUT: proposer_rollout_fn}
-LOOP_REWARD_FNS = {IG_REWARD: build_information_gain_reward, DIFFICULTY_REWARD: build_difficulty_reward}
-
-
-def register_loop_functions() -> None:
-    """Add the proposer's rollout and rewards to the loop's tables (no-op for names already there)."""
-    from searchjax.rl import loop
-    for table, entries in ((loop.ROLLOUT_FNS, LOOP_ROLLOUT_FNS), (loop.REWARD_FNS, LOOP_REWARD_FNS)):
-        for name, fn in entries.items():
-            table.setdefault(name, fn)
-
-
 # ------------------------------------------------------------------------------------------------------
 # Chain pools and the run's components
 # ------------------------------------------------------------------------------------------------------
-def synthetic_chain_pool(directory: str | os.PathLike, *, n_per_hop: int, seed: int = 0) -> tuple[list[dict], pathlib.Path]:
+def synthetic_chain_pool(directory: str | os.PathLike, *, n_per_hop: int,
+                         seed: int = 0) -> tuple[list[dict], pathlib.Path]:
     """(chain records, corpus path) of a pool over the synthetic world (searchjax.data.synthetic) in `directory`.
 
     Written once (world/ and chains.jsonl, as `launch.build_chains --synthetic_world` does) and read back
@@ -250,6 +239,5 @@ def split_by_hops(prompts: Sequence, held: int) -> tuple[list, list]:
 def train_proposer(config, workdir: str | os.PathLike, *, resume: bool = False, components=None) -> dict[str, float]:
     """Train the proposer for config.total_steps steps through `searchjax.rl.loop.train`; the last step's metrics."""
     from searchjax.rl import loop
-    register_loop_functions()
     components = components or build_components(config, workdir)
     return loop.train(config, workdir, resume=resume, components=components)

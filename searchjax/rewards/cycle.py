@@ -301,8 +301,8 @@ def ccs_rewards(trajectories: Sequence["Trajectory"], judge: Judge, embedder, ne
         "zero_reward_replies": float(sum(statuses.count(s) for s in ("na", "empty", "garbage", "unresolved_tag"))),
         "similarity_mean": float(similarity.mean()) if ok else 0.0,
         "requests": float(len(asked)), "deduplicated": float(sum(len(m) - 1 for _, m in asked)),
-        "masked_entities": float(masked_entities), "searches_per_trajectory": float(np.mean([len(tr.queries)
-                                                                                        for tr in raw])),
+        "masked_entities": float(masked_entities),
+        "searches_per_trajectory": float(np.mean([len(tr.queries) for tr in raw])),
         "reconstructor_calls": float(usage_after["calls"] - usage_before["calls"]),
         "reconstructor_retries": float(usage_after["retries"] - usage_before["retries"]),
         "reconstructor_prompt_tokens": float(usage_after["prompt_tokens"] - usage_before["prompt_tokens"]),

@@ -157,7 +157,14 @@ def _score(entities, masked):
 
 
 def test_spacy_masks_crafted_queries_and_reports_its_misses(spacy_ner):
+    import spacy
+    from searchjax.data import assets
     queries = [q for q, _ in CRAFTED]
+    # SpacyNer runs the `ner` component alone: the same entities as the whole pipeline loaded with spacy.load.
+    full = spacy.load(assets.spacy_model_dir())
+    for text in queries + [q.lower() for q in queries]:
+        assert [(s.start, s.end, s.label) for s in spacy_ner.entities([text])[0]] == \
+            [(e.start_char, e.end_char, e.label_) for e in full(text).ents]
     capital = mask_queries(queries, spacy_ner)
     lower = mask_queries([q.lower() for q in queries], spacy_ner)
     for (query, entities), masked in list(zip(CRAFTED, capital))[:CORE]:

@@ -51,12 +51,17 @@ def test_quickstart_smoke_runs_with_the_local_reconstructor(smollm2, bm25, tmp_p
     config.logging.progress_bar = False
     config.checkpoint.every = 0
     config.eval.every = 0  # evaluation is the EM path every config shares; CPU time goes to the CCS reward here
+    # Memory (a CPU box shared by several runs): no frozen KL reference copy of the policy (the KL path is the
+    # trainer tests'), one trajectory per gradient-accumulation chunk.
+    config.loss.kl_coef = 0.0
+    config.batch.micro_batch_size = 1
     assert config.reconstructor.backend == "local" and config.reward_fn == "ccs"
     prompts = setup.default_prompts()
     components = loop.Components(model=model, params=params, tokenizer=tokenizer, retriever=bm25,
                                  train_prompts=prompts, eval_prompts=prompts[:config.eval.num_prompts])
     built = []  # keep the RewardFn the loop builds (its judge, NER and embedder are reused below)
-    monkeypatch.setitem(loop.REWARD_FNS, "ccs", lambda *args: built.append(cycle.build_ccs_reward(*args)) or built[-1])
+    registered = loop.REWARD_FNS["ccs"]  # the loop's own entry (searchjax.rewards.cycle.build_ccs_reward)
+    monkeypatch.setitem(loop.REWARD_FNS, "ccs", lambda *args: built.append(registered(*args)) or built[-1])
     metrics = loop.train(config, tmp_path, components=components)
     assert metrics["reward/ccs/groups"] == config.prompts_per_step
     assert metrics["reward/ccs/failed_groups"] == 0
@@ -85,7 +90,7 @@ def test_quickstart_smoke_runs_with_the_local_reconstructor(smollm2, bm25, tmp_p
                            logits_fn=scripted_logits_fn(scripts, tokenizer.eos_token_ids[0], tokenizer.vocab_size))
     assert [t.queries for t in trajectories] == [[queries[p.question]] for p in chosen]
     result = cycle.ccs_rewards(trajectories, reward_fn.judge, reward_fn.embedder, reward_fn.ner, tokenizer,
-                               cycle.CcsConfig(**config.ccs.to_dict()))
+                               cycle.CcsConfig(**{**config.ccs.to_dict(), "audit_path": ""}))  # no file in cwd
     assert result.metrics["failed_groups"] == 0 and "no_search" not in result.statuses
     assert np.all(np.isfinite(result.rewards)) and np.all(np.abs(result.rewards) <= 1 + 1e-5)
     for t, request in zip(trajectories, result.requests):

@@ -159,18 +159,10 @@ def test_parse_reconstruction(reply, status, question):
 
 def _tiny_qwen3_embedding(directory, texts):
     """A 2-layer random Qwen3 saved by transformers with a byte-level BPE (a stand-in for Qwen3-Embedding-4B)."""
-    import tokenizers
     import torch
     import transformers
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-    backend = tokenizers.Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                                           show_progress=False,
-                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>",
-                                                     pad_token="<|endoftext|>")
+    from tiny_bpe import tiny_bpe
+    tokenizer = tiny_bpe(texts, vocab_size=300)
     config = transformers.Qwen3Config(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                       tie_word_embeddings=False, max_position_embeddings=256, bos_token_id=0,

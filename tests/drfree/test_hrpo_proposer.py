@@ -99,7 +99,6 @@ def test_hrpo_proposer_training_step_through_the_trainer(drfree_tiny_model, drfr
         return selfplay.proposer_rollout(None, None, tok, step_prompts, cfg, seed=seed,
                                          logits_fn=scripted_logits_fn(scripts, eos, tok.vocab_size))
 
-    selfplay.register_loop_functions()
     monkeypatch.setitem(loop.ROLLOUT_FNS, selfplay.PROPOSER_ROLLOUT, scripted_rollout)
     assert (config.reward_fn, config.advantage.estimator, config.rollout.group_size) == \
         ("drfree_information_gain", "hrpo", 1)

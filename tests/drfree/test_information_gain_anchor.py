@@ -17,7 +17,8 @@ from searchjax.rewards import information_gain as ig
 Q1 = "Where was the director of Crouching Tiger born?"           # CHAIN_2, answer Pingtung County
 Q2 = "Who directed Crouching Tiger?"                              # CHAIN_1, answer Ang Lee
 Q3 = "In which country was the director of Crouching Tiger born?"  # CHAIN_3, answer Taiwan
-FILM_DOC = 'Doc 1(Title: "Crouching Tiger") Crouching Tiger is a 2000 film directed by Ang Lee, with music by Tan Dun.\n'
+FILM_DOC = ('Doc 1(Title: "Crouching Tiger") Crouching Tiger is a 2000 film directed by Ang Lee, with music by '
+            'Tan Dun.\n')
 LEE = 'Ang Lee is a film director born in Pingtung County, Taiwan.'
 PINGTUNG = 'Pingtung County is a county in southern Taiwan.'
 TAIWAN = 'Taiwan is an island country in East Asia whose capital is Taipei.'
@@ -155,8 +156,10 @@ def test_information_gain_anchor_reward_by_hand(fake_anchor):
     assert retriever.calls == [([Q1, Q2, Q3], 3)] and len(fake_anchor.calls) == 1  # only the 3 gated proposals
     m = out.metrics
     assert m["proposer/format_mean"] == pytest.approx((1 + 1 + 1 + 2 / 3 + 1 + 0) / 6)
-    assert (m["proposer/format_full_rate"], m["proposer/grounded_rate"], m["proposer/gated_rate"]) == (4 / 6, 4 / 6, 3 / 6)
-    assert m["ig/scored"] == 3 and m["ig/anchor_contexts"] == 6 + 2 + 7 and m["ig/positive_rate"] == pytest.approx(2 / 3)
+    rates = (m["proposer/format_full_rate"], m["proposer/grounded_rate"], m["proposer/gated_rate"])
+    assert rates == (4 / 6, 4 / 6, 3 / 6)
+    assert m["ig/scored"] == 3 and m["ig/anchor_contexts"] == 6 + 2 + 7
+    assert m["ig/positive_rate"] == pytest.approx(2 / 3)
     # Table 3 switch through the reward: without the source shortcut the first question gains 0.2
     out = ig.information_gain_reward(trajectories, model=None, params=None, tokenizer=None, retriever=retriever,
                                      cfg=ig.IGConfig(leave_out=("source",)))
@@ -196,7 +199,8 @@ def test_information_gain_anchor_tiny_model_matches_direct_forward(drfree_tiny_m
 
 def test_information_gain_anchor_triples_travel_between_processes():
     """Multi-host scoring gathers every process's contexts as UTF-8 JSON bytes (distributed.allgather of uint8)."""
-    triples = [(CONTEXTS[Q1]["full"], Q1, "Pingtung County"), ("", "Wer schrieb „Faust“? 東京", "Goethe"), ("", "", "")]
+    triples = [(CONTEXTS[Q1]["full"], Q1, "Pingtung County"), ("", "Wer schrieb „Faust“? 東京", "Goethe"),
+               ("", "", "")]
     blob = ig.pack_triples(triples)
     assert blob.dtype == np.uint8 and ig.unpack_triples(blob) == triples
     # two processes' blobs concatenated, split back by their byte sizes, as gather_triples does

@@ -2,6 +2,7 @@
 reference is transformers + torch on the same weights). The scripted Teacher lives in eviback_scripts.py."""
 
 import pytest
+from tiny_bpe import tiny_bpe
 
 TINY_VOCAB = 384
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n{% endfor %}"
@@ -13,21 +14,6 @@ TOKENIZER_TEXT = [
     "The capital of France is Paris. Paris is on the Seine. Lyon is a city in France.",
     "You are an evidence auditor. Judge whether the documents answer the question.",
 ]
-
-
-def _tokenizer(directory):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TINY_VOCAB, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(TOKENIZER_TEXT, trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    hf.chat_template = CHAT_TEMPLATE
-    assert len(hf) <= TINY_VOCAB
-    hf.save_pretrained(str(directory))
 
 
 @pytest.fixture(scope="session")
@@ -51,6 +37,6 @@ def tiny_judge_model(tmp_path_factory):
             p.copy_(1.0 + 0.3 * noise if "norm" in name else 0.25 * noise)
     directory = tmp_path_factory.mktemp("tiny-judge")
     reference.save_pretrained(str(directory))
-    _tokenizer(directory)
+    tiny_bpe(TOKENIZER_TEXT, vocab_size=TINY_VOCAB, chat_template=CHAT_TEMPLATE).save_pretrained(str(directory))
     model, params = load_pretrained(directory, dtype="float32")
     return model, params, load_tokenizer(directory), reference

@@ -8,7 +8,6 @@ import json
 import pathlib
 
 import numpy as np
-import pytest
 
 from eviback_scripts import question_of, scripted_teacher
 from retrieval.bm25 import BM25Index
@@ -17,7 +16,6 @@ from searchjax.agent import protocol
 from searchjax.agent.rollout import Prompt, Trajectory
 from searchjax.judges.templates import PROMPTS_DIR
 from searchjax.judges.testing_server import ScriptedReply, serve_scripted
-from searchjax.rewards.eviback import build_eviback_reward
 from searchjax.rl import loop
 from searchjax.rl.advantages import grpo_advantages
 
@@ -98,7 +96,6 @@ def test_one_training_step_with_http_teacher(tiny_judge_model, tmp_path, monkeyp
     components = loop.Components(model=model, params=params, tokenizer=tokenizer,
                                  retriever=BM25Index.build(PASSAGES), train_prompts=prompts, eval_prompts=[])
     monkeypatch.setitem(loop.ROLLOUT_FNS, "scripted", scripted_rollout)
-    monkeypatch.setitem(loop.REWARD_FNS, "eviback", build_eviback_reward)
 
     def responder(body):
         if question_of(body).startswith("Where is the bad"):

@@ -13,23 +13,15 @@ TASK = "Given a web search query , retrieve relevant passages that answer the qu
 @pytest.fixture(scope="module")
 def tiny_qwen3_embedder_dir(tmp_path_factory):
     """A 2-layer random Qwen3 saved by transformers, with a byte-level BPE trained on the test texts."""
-    import tokenizers
     import torch
     import transformers
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-    backend = tokenizers.Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    backend.train_from_iterator(TEXTS + [f"Instruct: {TASK}\nQuery:"], trainer)
-    hf_tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|endoftext|>",
-                                                        pad_token="<|endoftext|>")
+    from tiny_bpe import tiny_bpe
+    hf_tokenizer = tiny_bpe(TEXTS + [f"Instruct: {TASK}\nQuery:"], vocab_size=300)
     config = transformers.Qwen3Config(vocab_size=320, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                       rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
                                       max_position_embeddings=128, bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    assert backend.get_vocab_size() <= config.vocab_size
+    assert len(hf_tokenizer) <= config.vocab_size
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager",
                                                           dtype=torch.float32).eval()

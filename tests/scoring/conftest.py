@@ -32,17 +32,8 @@ def _hf_config(arch: str):
 
 def _tiny_tokenizer(directory):
     """A byte-level BPE tokenizer trained on a few sentences (vocabulary < TINY_VOCAB), saved in HF format."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TINY_VOCAB, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(TOKENIZER_TEXT, trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    assert len(hf) <= TINY_VOCAB
-    hf.save_pretrained(str(directory))
+    from tiny_bpe import tiny_bpe
+    tiny_bpe(TOKENIZER_TEXT, vocab_size=TINY_VOCAB).save_pretrained(str(directory))
 
 
 @pytest.fixture(scope="session")
