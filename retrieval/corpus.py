@@ -84,17 +84,9 @@ def passage_from_record(record: dict, where: str = "record") -> Passage:
 
 def iter_jsonl_corpus(path: str | os.PathLike) -> Iterator[Passage]:
     """Stream the passages of a wiki-18 jsonl file, one line at a time (blank lines skipped)."""
-    path = pathlib.Path(path)
-    with path.open("r", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-            yield passage_from_record(record, where)
+    from searchjax.data.jsonl import iter_jsonl
+    for where, record in iter_jsonl(path):
+        yield passage_from_record(record, where)
 
 
 def read_jsonl_corpus(path: str | os.PathLike) -> list[Passage]:

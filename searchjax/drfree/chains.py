@@ -37,6 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 from retrieval.corpus import Passage
+from searchjax.data.jsonl import iter_jsonl
 from searchjax.drfree.kg import KnowledgeBase, mentions_alias, normalize_text
 
 # The paper's relations: functional (one value: P50 author of most books, P57 director, P17 country,
@@ -313,5 +314,4 @@ def write_chain_pool(out_dir: str | os.PathLike, records: list[dict], stats: dic
 
 def read_chain_pool(path: str | os.PathLike) -> list[dict]:
     """The records of a chains.jsonl file."""
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [record for _, record in iter_jsonl(path)]

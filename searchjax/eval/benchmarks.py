@@ -40,6 +40,7 @@ from typing import Iterable, Optional, Sequence
 
 from searchjax.agent.protocol import SEARCH_R1_INSTRUCTION
 from searchjax.agent.rollout import Prompt, RolloutConfig, Trajectory, rollout
+from searchjax.data.jsonl import iter_jsonl
 from searchjax.eval.metrics import trajectory_metrics
 from searchjax.rewards.qa import exact_match, f1_score
 
@@ -141,34 +142,26 @@ def read_flashrag_jsonl(path, data_source: str = "") -> list[Prompt]:
         raise FileNotFoundError(f"{path}: no such FlashRAG jsonl file")
     default_source = path.parent.name if path.stem in _SPLIT_NAMES and path.parent.name else path.stem
     prompts = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{where}: expected a JSON object with id, question, golden_answers")
-            for field in ("id", "question", "golden_answers"):
-                if field not in row:
-                    raise ValueError(f"{where}: missing field {field!r} (FlashRAG rows have id, question, "
-                                     "golden_answers)")
-            if not isinstance(row["question"], str) or not row["question"].strip():
-                raise ValueError(f"{where}: field 'question' must be a non-empty string")
-            source = data_source or str(row.get("data_source") or default_source)
-            extra = row.get("metadata", {})
-            if not isinstance(extra, dict):
-                raise ValueError(f"{where}: field 'metadata' must be a JSON object, got {extra!r:.100}")
-            try:
-                hops = int(row.get("hops", 0))
-            except (TypeError, ValueError):
-                raise ValueError(f"{where}: field 'hops' must be an integer, got {row['hops']!r}") from None
-            prompts.append(Prompt(uid=f"{source}/{row['id']}", question=row["question"].strip(),
-                                  golden_answers=_golds(row["golden_answers"], where, "golden_answers"),
-                                  data_source=source, hops=hops, metadata={**extra, "id": str(row["id"])}))
+    for where, row in iter_jsonl(path):
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: expected a JSON object with id, question, golden_answers")
+        for field in ("id", "question", "golden_answers"):
+            if field not in row:
+                raise ValueError(f"{where}: missing field {field!r} (FlashRAG rows have id, question, "
+                                 "golden_answers)")
+        if not isinstance(row["question"], str) or not row["question"].strip():
+            raise ValueError(f"{where}: field 'question' must be a non-empty string")
+        source = data_source or str(row.get("data_source") or default_source)
+        extra = row.get("metadata", {})
+        if not isinstance(extra, dict):
+            raise ValueError(f"{where}: field 'metadata' must be a JSON object, got {extra!r:.100}")
+        try:
+            hops = int(row.get("hops", 0))
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: field 'hops' must be an integer, got {row['hops']!r}") from None
+        prompts.append(Prompt(uid=f"{source}/{row['id']}", question=row["question"].strip(),
+                              golden_answers=_golds(row["golden_answers"], where, "golden_answers"),
+                              data_source=source, hops=hops, metadata={**extra, "id": str(row["id"])}))
     return _dedupe_check(prompts, path)
 
 
@@ -255,8 +248,7 @@ def format_table(rows: Sequence[dict]) -> str:
 
 def read_predictions(path) -> list[dict]:
     """The records of a predictions jsonl file."""
-    with pathlib.Path(path).open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [record for _, record in iter_jsonl(path)]
 
 
 def _batches(items: Sequence, size: int) -> Iterable[Sequence]:

@@ -39,6 +39,7 @@ import os
 from typing import Sequence
 
 from retrieval.corpus import Hit
+from searchjax.data.jsonl import iter_jsonl
 from searchjax.judges.base import Judge, ask_json_many
 from searchjax.judges.templates import PromptTemplate, load_prompt
 from searchjax.rewards import eviback
@@ -145,18 +146,14 @@ def read_traces_jsonl(path: str | os.PathLike) -> list[StageATrace]:
     """Labelled traces: one JSON object per line with uid, question, golden_answers, answer, label, evidence
     (a list of {id, title, text})."""
     traces = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                hits = tuple(Hit(id=str(e["id"]), title=e["title"], text=e["text"], score=0.0)
-                             for e in row["evidence"])
-                traces.append(StageATrace(row["uid"], row["question"], hits, tuple(row["golden_answers"]),
-                                          row["answer"], row["label"]))
-            except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
-                raise ValueError(f"{path}:{lineno}: bad labelled trace: {e}") from e
+    for where, row in iter_jsonl(path):
+        try:
+            hits = tuple(Hit(id=str(e["id"]), title=e["title"], text=e["text"], score=0.0)
+                         for e in row["evidence"])
+            traces.append(StageATrace(row["uid"], row["question"], hits, tuple(row["golden_answers"]),
+                                      row["answer"], row["label"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{where}: bad labelled trace: {e}") from e
     return traces
 
 

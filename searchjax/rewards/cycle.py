@@ -59,7 +59,7 @@ from searchjax.agent import protocol
 from searchjax.judges.base import Judge, JudgeError, JudgeRequest
 from searchjax.judges.templates import PromptTemplate, load_prompt, render_prompt
 from searchjax.rewards.base import RewardOutput
-from searchjax.rewards.eviback import append_audit
+from searchjax.rewards.eviback import append_audit, audit_path_in
 from searchjax.rewards.ner import TAGS, NerBackend, load_ner, mask_queries
 from searchjax.rewards.qa import exact_match
 
@@ -356,11 +356,7 @@ def reward_from_config(config, *, tokenizer, workdir: str | os.PathLike | None =
     the NER from `config.ner`, the embedder from `config.embedder`; `tokenizer` is the policy's."""
     from searchjax.judges import build_judge
     fields = config.ccs.to_dict()
-    audit = fields["audit_path"]
-    if audit and not os.path.isabs(audit):
-        if workdir is None:
-            raise ValueError(f"config.ccs.audit_path={audit!r} is relative: pass the run's workdir")
-        fields["audit_path"] = os.path.join(os.fspath(workdir), audit)
+    fields["audit_path"] = audit_path_in(workdir, fields["audit_path"], "config.ccs.audit_path")
     cfg = CcsConfig(**fields)
     ner = load_ner(config.ner.backend, config.ner.model) if cfg.mask_queries and cfg.include_queries else None
     embedder = load_embedder(config.embedder.kind, config.embedder.path, dtype=config.embedder.dtype,

@@ -178,6 +178,15 @@ def append_audit(path: str, records: Sequence[dict]) -> None:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
+def audit_path_in(workdir: str | os.PathLike | None, audit: str, field: str) -> str:
+    """The audit file a config names (`field`, for the error): kept when absolute or empty, else under workdir."""
+    if not audit or os.path.isabs(audit):
+        return audit
+    if workdir is None:
+        raise ValueError(f"{field}={audit!r} is relative: pass the run's workdir")
+    return os.path.join(os.fspath(workdir), audit)
+
+
 def _audit_record(outcome: JsonOutcome, stage: str, template: PromptTemplate, judge: Judge, step: int,
                   covers: list[tuple[str, int]], extra: dict) -> dict:
     error = outcome.error
@@ -362,11 +371,7 @@ def reward_from_config(config, *, workdir: str | os.PathLike | None = None, loca
     (a relative audit_path is taken relative to `workdir`) and the Teacher built from `config.teacher`."""
     from searchjax.judges import build_judge
     fields = config.eviback.to_dict()
-    audit = fields["audit_path"]
-    if audit and not os.path.isabs(audit):
-        if workdir is None:
-            raise ValueError(f"config.eviback.audit_path={audit!r} is relative: pass the run's workdir")
-        fields["audit_path"] = os.path.join(os.fspath(workdir), audit)
+    fields["audit_path"] = audit_path_in(workdir, fields["audit_path"], "config.eviback.audit_path")
     return make_eviback_reward(build_judge(config.teacher, local_model=local_model), EvibackConfig(**fields))
 
 

@@ -17,13 +17,13 @@ The update is the same jitted, sharded, donated `trainer.train_step` as RL's, wi
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 from typing import Any, Sequence
 
 import numpy as np
 
+from searchjax.data.jsonl import iter_jsonl
 from searchjax.rl import batching, trainer
 
 
@@ -49,15 +49,11 @@ def load_demonstrations(path: str | os.PathLike) -> list[Demonstration]:
     """Demonstrations from a jsonl file of {"prompt_ids", "response_ids", "loss_mask"} rows (the loop's dumps)."""
     path = pathlib.Path(path)
     out = []
-    with path.open() as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            missing = [k for k in ("prompt_ids", "response_ids", "loss_mask") if k not in row]
-            if missing:
-                raise ValueError(f"{path}:{line_no}: missing field(s) {missing}")
-            out.append(Demonstration(tuple(row["prompt_ids"]), tuple(row["response_ids"]), tuple(row["loss_mask"])))
+    for where, row in iter_jsonl(path):
+        missing = [k for k in ("prompt_ids", "response_ids", "loss_mask") if k not in row]
+        if missing:
+            raise ValueError(f"{where}: missing field(s) {missing}")
+        out.append(Demonstration(tuple(row["prompt_ids"]), tuple(row["response_ids"]), tuple(row["loss_mask"])))
     if not out:
         raise ValueError(f"{path}: no demonstrations")
     return out
