@@ -41,7 +41,8 @@ from searchjax import sharding as shd
 
 MIN_LENGTH_BUCKET = 64  # smallest padded sequence length
 MIN_ANSWER_BUCKET = 8  # smallest padded answer (tail) length in answer scoring
-VOCAB_CHUNK = 8192  # vocabulary columns per log-softmax chunk; V <= VOCAB_CHUNK is done in one piece
+VOCAB_CHUNK = 8192  # vocabulary columns per log-softmax chunk when the logits are too big for one pass
+SINGLE_PASS_LOGITS_BYTES = 256 << 20  # target_logprobs: logits up to this size skip the chunk loop
 MAX_TOKENS_PER_CALL = 16384  # answer scoring: padded batch x length per jitted call (bounds memory)
 DEFAULT_TEMPLATE = "{context}\n\nQuestion: {question}\nAnswer:"
 
@@ -57,15 +58,20 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def target_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *, temperature=1.0,
-                    vocab_chunk: int = VOCAB_CHUNK) -> jax.Array:
+                    vocab_chunk: int | None = None) -> jax.Array:
     """log softmax(hidden @ lm_head / temperature)[targets], float32, in vocabulary chunks.
 
     hidden [B, T, H]; lm_head [H, V]; targets [B, T] int -> [B, T] float32. Pure and jittable: use it
     inside a loss (the trainer) as well as in `token_logprobs`. Logits are hidden @ lm_head accumulated
-    in float32 (bf16 models keep bf16 operands, as their own logits do).
+    in float32 (bf16 models keep bf16 operands, as their own logits do). vocab_chunk None: one pass
+    when the whole [B, T, V] float32 logits take at most SINGLE_PASS_LOGITS_BYTES (the chunk loop's
+    slicing and recomputation cost about a quarter of the head's time on CPU, which only pays off in
+    memory), else chunks of VOCAB_CHUNK columns; an int forces chunks of that width.
     """
     H, V = lm_head.shape
     temperature = jnp.asarray(temperature, jnp.float32)
+    if vocab_chunk is None:
+        vocab_chunk = V if math.prod(targets.shape) * V * 4 <= SINGLE_PASS_LOGITS_BYTES else VOCAB_CHUNK
     n_chunks = max(1, math.ceil(V / vocab_chunk))
     if n_chunks == 1:
         z = jnp.einsum("bth,hv->btv", hidden, lm_head.astype(hidden.dtype),
@@ -101,7 +107,7 @@ def target_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
 
 
 def tail_logprobs(model, params, input_ids: jax.Array, attention_mask: jax.Array, temperature=1.0, *,
-                  tail: int, vocab_chunk: int = VOCAB_CHUNK) -> jax.Array:
+                  tail: int, vocab_chunk: int | None = None) -> jax.Array:
     """log p(x_t | x_<t) for the last `tail` targets t = T-tail .. T-1: [B, tail] float32 (pure, jittable).
 
     Only those positions go through the LM head: with left padding, answers sit at the right end, so
@@ -137,7 +143,7 @@ def _place(x: np.ndarray, mesh, rules) -> Any:
     return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
 
-def _score_padded(model, params, ids: np.ndarray, mask: np.ndarray, temperature, tail: int, vocab_chunk: int,
+def _score_padded(model, params, ids: np.ndarray, mask: np.ndarray, temperature, tail: int, vocab_chunk: int | None,
                   rules) -> jax.Array:
     mesh = shd.mesh_of(params)
     fn = _jitted_tail_logprobs(mesh)
@@ -175,7 +181,7 @@ def _check_batch(input_ids, attention_mask):
     return ids.astype(np.int32), mask.astype(bool)
 
 
-def token_logprobs(model, params, input_ids, attention_mask, *, temperature=1.0, vocab_chunk: int = VOCAB_CHUNK,
+def token_logprobs(model, params, input_ids, attention_mask, *, temperature=1.0, vocab_chunk: int | None = None,
                    rules: shd.ShardingRules | None = None) -> jax.Array:
     """[B, T-1] float32: out[b, t-1] = log p(x_t | x_<t) under softmax(logits / temperature).
 
@@ -204,7 +210,7 @@ def format_prompt(context: str, question: str, template: str = DEFAULT_TEMPLATE)
 
 def answer_logliks(model, params, tokenizer, triples: Sequence[tuple[str, str, str]], *,
                    template: str = DEFAULT_TEMPLATE, answer_prefix: str = " ", max_length: int | None = None,
-                   max_tokens_per_call: int = MAX_TOKENS_PER_CALL, vocab_chunk: int = VOCAB_CHUNK,
+                   max_tokens_per_call: int = MAX_TOKENS_PER_CALL, vocab_chunk: int | None = None,
                    rules: shd.ShardingRules | None = None) -> np.ndarray:
     """Dr.Free eq. 3 for each (context, question, answer): [N] float64.
 
@@ -256,7 +262,7 @@ def answer_loglik(model, params, tokenizer, contexts: Sequence[str], question: s
 
 
 def _mean_tail_logprobs(model, params, rows: list[list[int]], tails: list[int], *, max_tokens_per_call: int,
-                        vocab_chunk: int, rules) -> np.ndarray:
+                        vocab_chunk: int | None, rules) -> np.ndarray:
     """mean(log p) over the last tails[i] tokens of each token row, packed into few bucketed calls."""
     from searchjax.distributed import to_host
     pad_id = model.config.pad_token_id or 0

@@ -12,10 +12,14 @@ count, written to a temporary directory) with BM25 over the synthetic corpus as 
    r_h of the ... r_1 of e_0?" -> e_h), so both rewards do their full work on every question:
      * IG (eq. 12): one retrieval call + one `answer_logliks` call over every context of the batch;
      * difficulty: n = 5 multi-turn search rollouts per question in one `rollout` call, with the solver
-       rollout settings of configs/drfree.py: the quickstart's (2 searching turns x 64 tokens, 192-token
-       observations, top-2) and, unless --quick or on CPU, the paper variant's (Search-R1's: 4 turns x 500
-       tokens, 500-token observations, top-3; its 6144-slot KV cache for 30 rows takes 8.5 GB in float32).
-   Median seconds per call / B; the first call (compilation) is reported apart. Goal: difficulty / IG >= 5.
+       rollout settings of configs/drfree.py: the quickstart's (2 searching turns x 48 tokens, 96-token
+       observations, top-2) and, unless --quick, the paper variant's (Search-R1's: 4 turns x 500 tokens,
+       500-token observations, top-3). The paper-solver comparison runs on the first
+       PAPER_SOLVER_QUESTIONS_CPU questions of the batch on CPU (its 6144-slot KV cache for 6 x 5 rows takes
+       8.5 GB in float32), the whole batch elsewhere; IG is re-timed on that same sub-batch.
+   Median seconds per call / questions, calls interleaved; the first call (compilation) is reported apart.
+   The solver's mean response tokens and searches per rollout are reported (a solver that answers early
+   makes the difficulty reward cheaper). Goal: difficulty / IG >= 5.
 2. The whole proposer update step (proposer generation, reward, old log-probs, update) through
    launch/selfplay.py (`searchjax.rl.loop.train`) with each reward on the quickstart config (B prompts,
    128-token replies, quickstart solver settings), real SmolLM2 generation, each run in its own process
@@ -39,6 +43,7 @@ import time
 from searchjax.bench.common import BenchArgs, block
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+PAPER_SOLVER_QUESTIONS_CPU = 2  # questions in the paper-solver comparison on CPU (KV-cache memory)
 
 
 def _config(variant: str):
@@ -136,6 +141,38 @@ def update_step_rows(args: BenchArgs, work: pathlib.Path, batch_size: int) -> li
     return rows
 
 
+def _compare(args: BenchArgs, rewards: dict, trajectories: list, setting: str) -> list[dict]:
+    """Rows of figure 1 for one solver setting: each reward's median time per question on `trajectories`,
+    calls interleaved; the first call (compilation) is reported apart."""
+    outputs, first = {}, {}
+    for name, fn in rewards.items():
+        start = time.perf_counter()
+        outputs[name] = fn(trajectories)
+        first[name] = time.perf_counter() - start
+    warmup, iters = (0, min(args.iters, 2)) if args.quick else (args.warmup, args.iters)  # quick: a smoke run
+    for _ in range(warmup):
+        for fn in rewards.values():
+            fn(trajectories)
+    times = _interleaved({name: (lambda fn=fn: fn(trajectories)) for name, fn in rewards.items()}, iters)
+    batch_size = len(trajectories)
+    rows = []
+    ig_median = statistics.median(times["ig"])
+    for name in rewards:
+        median = statistics.median(times[name])
+        m = outputs[name].metrics
+        row = {"figure": f"reward per proposer question, {setting}", "reward": name, "batch": batch_size,
+               "median_s_per_question": median / batch_size, "min_s_per_question": min(times[name]) / batch_size,
+               "first_call_s": first[name], "x_vs_ig": median / ig_median}
+        if name == "ig":
+            row.update(anchor_contexts=m["ig/anchor_contexts"], questions_scored=m["ig/scored"])
+        else:
+            row.update(solver_rollouts=m["difficulty/solver_rollouts"], solve_rate=m["difficulty/solve_rate"],
+                       solver_response_tokens=m["difficulty/solver_response_tokens"],
+                       solver_searches=m["difficulty/solver_searches"], goal_5x_met=median / ig_median >= 5.0)
+        rows.append(row)
+    return rows
+
+
 def reward_rows(args: BenchArgs, work: pathlib.Path) -> tuple[list[dict], int]:
     """Figure 1: (rows, batch size): each reward's time per proposer question on the same gated batch."""
     import jax
@@ -159,40 +196,21 @@ def reward_rows(args: BenchArgs, work: pathlib.Path) -> tuple[list[dict], int]:
     path = resolve_model_path(config.model.path)
     model, params = load_pretrained(path, dtype="float32")
     tokenizer = load_tokenizer(path)
-    trajectories = _trajectories(gated_batch(records, batch_size), tokenizer)
+    ig = make_information_gain_reward(model, params, tokenizer, retriever, selfplay.ig_config(config))
 
-    rewards = {"ig": make_information_gain_reward(model, params, tokenizer, retriever, selfplay.ig_config(config))}
-    solver_settings = {"difficulty_quickstart_solver": config.difficulty.rollout}
-    if not args.quick and jax.default_backend() != "cpu":  # its KV cache: 30 rows x 6144 slots, 8.5 GB in f32
-        solver_settings["difficulty_paper_solver"] = _config("").difficulty.rollout
-    for name, section in solver_settings.items():
-        rewards[name] = make_difficulty_reward(model, params, tokenizer, retriever,
-                                               RolloutConfig(**section.to_dict()), base_seed=config.seed)
-    outputs, first = {}, {}
-    for name, fn in rewards.items():
-        start = time.perf_counter()
-        outputs[name] = fn(trajectories)
-        first[name] = time.perf_counter() - start
-    warmup, iters = (0, min(args.iters, 2)) if args.quick else (args.warmup, args.iters)  # quick: a smoke run
-    for _ in range(warmup):
-        for fn in rewards.values():
-            fn(trajectories)
-    times = _interleaved({name: (lambda fn=fn: fn(trajectories)) for name, fn in rewards.items()}, iters)
+    def difficulty(section):
+        return make_difficulty_reward(model, params, tokenizer, retriever, RolloutConfig(**section.to_dict()),
+                                      base_seed=config.seed)
 
-    rows = []
-    ig_median = statistics.median(times["ig"])
-    for name in rewards:
-        median = statistics.median(times[name])
-        m = outputs[name].metrics
-        row = {"figure": "reward per proposer question", "reward": name, "batch": batch_size,
-               "median_s_per_question": median / batch_size, "min_s_per_question": min(times[name]) / batch_size,
-               "first_call_s": first[name], "x_vs_ig": median / ig_median}
-        if name == "ig":
-            row.update(anchor_contexts=m["ig/anchor_contexts"], questions_scored=m["ig/scored"])
-        else:
-            row.update(solver_rollouts=m["difficulty/solver_rollouts"], solve_rate=m["difficulty/solve_rate"],
-                       goal_5x_met=median / ig_median >= 5.0)
-        rows.append(row)
+    batch = gated_batch(records, batch_size)
+    rows = _compare(args, {"ig": ig, "difficulty_quickstart_solver": difficulty(config.difficulty.rollout)},
+                    _trajectories(batch, tokenizer), "quickstart solver")
+    if not args.quick:
+        # The paper's solver (4 turns x 500 tokens) on a batch whose KV cache fits host memory on CPU:
+        # PAPER_SOLVER_QUESTIONS_CPU questions x 5 rollouts x 6144 slots (2.8 GB in float32).
+        size = batch_size if jax.default_backend() != "cpu" else PAPER_SOLVER_QUESTIONS_CPU
+        paper = {"ig": ig, "difficulty_paper_solver": difficulty(_config("").difficulty.rollout)}
+        rows += _compare(args, paper, _trajectories(batch[:size], tokenizer), "paper solver")
     return rows, batch_size
 
 

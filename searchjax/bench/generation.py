@@ -9,7 +9,10 @@ Rows:
     `bound_tok_s` is the memory-bandwidth ceiling: each decode step reads every weight once, so
     steps/s <= bandwidth / weight_bytes (bandwidth from `common.memory_bandwidth()`; ~540 MB of float32
     weights); `bound_fraction` = achieved steps/s over that ceiling (KV-cache reads make it slightly
-    pessimistic). Goals: >= 2x transformers at batch 8, >= 50 % of the bound.
+    pessimistic). `matmul_only_bound_fraction`: the same fraction for a step that does only the step's
+    matrix products (XLA's GEMMs over the same weights at the same batch; nothing else), i.e. what XLA
+    itself reaches on this CPU; `vs_matmul_only` = our step's speed over that one's.
+    Goals: >= 2x transformers at batch 8, >= 50 % of the bound.
   * decode b=8 max_cache_len=2048: the same with a rollout-sized, mostly empty cache (ours only).
   * rollout: a 3-turn search-agent shape (decode, append an <information>-sized block, decode, ...) with the
     session's kept cache vs re-prefilling the whole history every turn.
@@ -129,6 +132,34 @@ def _rollout_seconds(model, params, batch: int, turns: int, decode_tokens: int, 
     return cont, re
 
 
+def _matmul_only_step_seconds(model, params, batch: int, iters: int) -> float:
+    """Median seconds of a decode step's matrix products alone, at `batch` rows: every layer's q/k/v/o and
+    MLP kernels and the LM head applied to a [batch, ...] activation in the same layer scan, nothing else
+    (no attention over the cache, norms, RoPE or sampling). XLA's own ceiling for a decode step on this CPU."""
+    import jax.numpy as jnp
+    from searchjax.models import lm_head_weight
+    config = model.config
+
+    def layer(x, p):
+        attn, mlp = p["attn"], p["mlp"]
+        q = jnp.einsum("bh,hnd->bnd", x, attn["q_proj"]["kernel"])
+        kv = (jnp.einsum("bh,hnd->bnd", x, attn["k_proj"]["kernel"]).sum()
+              + jnp.einsum("bh,hnd->bnd", x, attn["v_proj"]["kernel"]).sum())
+        x = jnp.einsum("bnd,ndh->bh", q, attn["o_proj"]["kernel"]) + kv
+        gated = jnp.einsum("bh,hf->bf", x, mlp["gate_proj"]["kernel"]) * jnp.einsum("bh,hf->bf", x,
+                                                                                   mlp["up_proj"]["kernel"])
+        return jnp.einsum("bf,fh->bh", gated, mlp["down_proj"]["kernel"]) * 1e-3, None
+
+    @jax.jit
+    def step(params, x):
+        x, _ = jax.lax.scan(layer, x, params["layers"])
+        return jnp.einsum("bh,hv->bv", x, lm_head_weight(params, config))
+
+    x = jnp.full((batch, config.hidden_size), 1e-2, jnp.float32)
+    _, median = _median_time(lambda: jax.block_until_ready(step(params, x)), max(iters, 10))
+    return median
+
+
 def run(args: common.BenchArgs) -> list[dict]:
     from searchjax.data import assets
     from searchjax.models import load_pretrained
@@ -149,9 +180,12 @@ def run(args: common.BenchArgs) -> list[dict]:
         ours_tok_s = batch * new_tokens / ours
         ref_tok_s = batch * (new_tokens - 1) / reference
         bound_steps = bandwidth / weight_bytes
+        matmul_step = _matmul_only_step_seconds(model, params, batch, iters)
         rows.append({"case": f"decode b={batch}", "batch": batch, "new_tokens": new_tokens,
                      "ours_tok_s": ours_tok_s, "transformers_tok_s": ref_tok_s, "speedup": ours_tok_s / ref_tok_s,
                      "bound_tok_s": batch * bound_steps, "bound_fraction": (ours_tok_s / batch) / bound_steps,
+                     "matmul_only_bound_fraction": (1 / matmul_step) / bound_steps,
+                     "vs_matmul_only": matmul_step * ours_tok_s / batch,
                      "compile_s": max(first - ours, 0.0), "weight_mb": weight_bytes / 1e6,
                      "bandwidth_gb_s": bandwidth / 1e9})
     # A rollout-sized cache (most of it still empty): the step attends over the filled window only, so this

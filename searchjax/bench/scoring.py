@@ -61,7 +61,7 @@ def _uncached_compile_seconds(model, params, ids, mask) -> float:
     length = scoring.pow2_bucket(ids.shape[1], scoring.MIN_LENGTH_BUCKET)
     lowered = scoring._jitted_tail_logprobs(None).lower(model, params, jnp.asarray(ids), jnp.asarray(mask),
                                                         jnp.float32(1.0), tail=length - 1,
-                                                        vocab_chunk=scoring.VOCAB_CHUNK)
+                                                        vocab_chunk=None)
     from jax.experimental.compilation_cache import compilation_cache
     enabled = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)

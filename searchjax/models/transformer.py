@@ -22,6 +22,7 @@ V vocab, L layers. Parameters are stacked over layers (nn.scan) so params["layer
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Optional
 
@@ -58,8 +59,8 @@ class ModelConfig:
     param_dtype: str = "float32"  # storage dtype of parameters
     scan_layers: bool = True  # False unrolls the layer scan (same parameter layout, longer compile, faster decode)
     remat_policy: str = "none"  # one of REMAT_POLICIES
-    # jax.nn.dot_product_attention `implementation`: None lets JAX choose (XLA in jax 0.10, cuDNN when JAX learns
-    # to pick it), "xla", or "cudnn" (GPU only; bfloat16/float16 compute).
+    # None: `grouped_attention` (einsums in a heads-major layout, what XLA compiles best on CPU and TPU);
+    # "xla" or "cudnn" (GPU only; bfloat16/float16 compute): jax.nn.dot_product_attention with that implementation.
     attention_impl: Optional[str] = None
     bos_token_id: Optional[int] = None
     eos_token_ids: tuple = ()
@@ -227,6 +228,70 @@ class Embedding(nn.Module):
                           preferred_element_type=jnp.float32)
 
 
+def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
+    """softmax(scale * q k^T, masked) v with K key/value heads shared by groups of G = N / K query heads.
+
+    q [B, T, N, D]; k, v [B, S, K, D]; mask [B, 1, T, S] bool (every query must see at least one slot).
+    Query head n uses key/value head n // G (HF's repeat_kv order). Logits and softmax in float32, the
+    probabilities cast to v's dtype for the second product (as jax.nn.dot_product_attention does).
+
+    Why not jax.nn.dot_product_attention: its XLA path maps the group axis with vmap, which leaves XLA:CPU
+    transposing the [B, N, T, S] logits around every product, and autodiff keeps every layer's [B, N, T, S]
+    probabilities for the backward pass (0.57 GB per 2 x 512-token micro-batch of SmolLM2, zero-filled
+    and written every step). Here both products are plain batched matmuls in the heads-major layout
+    [B, K, G, T, D] x [B, K, S, D], and `_attention` saves only the output and the per-query log-sum-exp,
+    recomputing the probabilities in the backward pass (the FlashAttention backward of Dao et al. 2022):
+        P = exp(scale q k^T - lse),  dV = P^T dO,  dS = P * (dO V^T - rowsum(dO * O)),
+        dQ = scale dS K,  dK = scale dS^T Q.
+    """
+    B, T, N, D = q.shape
+    K = k.shape[2]
+    q = q.reshape(B, T, K, N // K, D).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
+    out = _attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask[:, :, None], scale)
+    return out.transpose(0, 3, 1, 2, 4).reshape(B, T, N, D)
+
+
+def _masked_logits(q, k, mask, scale):
+    logits = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    return jnp.where(mask, logits, jnp.float32(-1e30))  # mask [B, 1, 1, T, S]
+
+
+def _attention_forward(q, k, v, mask, scale):
+    """(out [B, K, G, T, D], lse [B, K, G, T, 1]) for q [B, K, G, T, D], k/v [B, K, S, D]."""
+    logits = _masked_logits(q, k, mask, scale)
+    peak = logits.max(axis=-1, keepdims=True)
+    shifted = jnp.exp(logits - peak)
+    total = shifted.sum(axis=-1, keepdims=True)
+    out = jnp.einsum("bkgts,bksd->bkgtd", (shifted / total).astype(v.dtype), v)
+    return out, peak + jnp.log(total)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _attention(q, k, v, mask, scale):
+    return _attention_forward(q, k, v, mask, scale)[0]
+
+
+def _attention_fwd(q, k, v, mask, scale):
+    out, lse = _attention_forward(q, k, v, mask, scale)
+    return out, (q, k, v, mask, out, lse)
+
+
+def _attention_bwd(scale, residuals, d_out):
+    q, k, v, mask, out, lse = residuals
+    probs = jnp.exp(_masked_logits(q, k, mask, scale) - lse)  # masked slots: exp(-1e30 - lse) = 0
+    d_out32 = d_out.astype(jnp.float32)
+    d_v = jnp.einsum("bkgts,bkgtd->bksd", probs, d_out32)
+    d_probs = jnp.einsum("bkgtd,bksd->bkgts", d_out32, v.astype(jnp.float32))
+    row = jnp.sum(d_out32 * out.astype(jnp.float32), axis=-1, keepdims=True)
+    d_logits = probs * (d_probs - row) * scale
+    d_q = jnp.einsum("bkgts,bksd->bkgtd", d_logits, k.astype(jnp.float32))
+    d_k = jnp.einsum("bkgts,bkgtd->bksd", d_logits, q.astype(jnp.float32))
+    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
 class Attention(nn.Module):
     config: ModelConfig
 
@@ -257,8 +322,11 @@ class Attention(nn.Module):
             cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v.astype(cache_v.dtype), cache_index, axis=1)
             new_cache = (cache_k, cache_v)
             k, v = cache_k.astype(dt), cache_v.astype(dt)  # [B, S, K, D]
-        out = jax.nn.dot_product_attention(q, k, v, mask=attn_mask, scale=D ** -0.5,
-                                           implementation=cfg.attention_impl)
+        if cfg.attention_impl is None:
+            out = grouped_attention(q, k, v, attn_mask, D ** -0.5)
+        else:
+            out = jax.nn.dot_product_attention(q, k, v, mask=attn_mask, scale=D ** -0.5,
+                                               implementation=cfg.attention_impl)
         out = Projection("btnd,ndh->bth", (N, D, H), ("q_heads", "head_dim", "embed"), dtype=dt, param_dtype=pdt,
                          name="o_proj")(out)
         return out, new_cache

@@ -87,6 +87,7 @@ def difficulty_reward_fn(trajectories: Sequence[Trajectory], *, model, params, t
         prompts.append(Prompt(uid=f"{t.prompt.uid}#{t.sample_index}", question=parsed.question,
                               golden_answers=(parsed.answer,), data_source="proposer", hops=t.prompt.hops))
     correct = np.zeros(len(trajectories), np.int64)
+    solved = []
     start = time.perf_counter()
     if prompts:
         solved = rollout(model, params, tokenizer, retriever, prompts, rollout_cfg,
@@ -101,7 +102,9 @@ def difficulty_reward_fn(trajectories: Sequence[Trajectory], *, model, params, t
     metrics = {"proposer/format_mean": float(formats.mean()), "difficulty/questions": float(len(solvable)),
                "difficulty/solve_rate": mean(c / n), "difficulty/all_correct_rate": mean(c == n),
                "difficulty/none_correct_rate": mean(c == 0), "difficulty/score_mean": mean(difficulty_score(c, n)),
-               "difficulty/solver_rollouts": float(len(solvable) * n), "difficulty/solver_seconds": solver_seconds}
+               "difficulty/solver_rollouts": float(len(solvable) * n), "difficulty/solver_seconds": solver_seconds,
+               "difficulty/solver_response_tokens": mean([len(s.response_ids) for s in solved]),
+               "difficulty/solver_searches": mean([s.num_searches for s in solved])}
     return RewardOutput(rewards=np.asarray(rewards, np.float32), metrics=metrics)
 
 

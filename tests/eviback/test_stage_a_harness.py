@@ -131,7 +131,9 @@ def test_ape_keeps_the_best_candidate_and_writes_a_new_version(tmp_path):
     assert names[0] == "base" and result.history[0][1]["insufficient_f1"] == 0.0
     assert result.best.name == "edit:find_sentence"
     assert dict(result.history)["edit:find_sentence"]["insufficient_f1"] == 1.0
-    assert "proposal:0.0" in names and "proposal:0.1" not in names  # the invalid rewrite was dropped
+    # Two identical proposer requests go out concurrently, so which one got the invalid rewrite is up to the
+    # server's thread order: exactly one proposal (the valid rewrite) survives, the invalid one is dropped.
+    assert len([n for n in names if n in ("proposal:0.0", "proposal:0.1")]) == 1
     assert len(proposer_calls) == 2 and "Where was item" in proposer_calls[0]  # misjudged cases were shown
     assert result.base_heldout["insufficient_f1"] == 0.0 and result.best_heldout["insufficient_f1"] == 1.0
     assert result.written == tmp_path / "eviback_stage_a.v2.txt"

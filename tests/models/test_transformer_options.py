@@ -88,3 +88,26 @@ def test_config_validation_names_the_field():
         base.replace(rope_scaling={"rope_type": "yarn", "factor": 4.0})
     assert hash(base) == hash(get_preset("tiny-llama"))  # hashable: usable as a static jit argument
     assert isinstance(base, ModelConfig)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_grouped_attention_matches_jax_dot_product_attention(dtype):
+    """Our default attention against JAX's reference implementation: GQA (6 query heads over 2 kv heads),
+    causal + key padding + a cache-shaped S > T, values and gradients."""
+    from searchjax.models.transformer import attention_mask, grouped_attention
+    B, T, S, N, K, D = 2, 5, 9, 6, 2, 8
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for shape in
+               ((B, T, N, D), (B, S, K, D), (B, S, K, D)))
+    slot_mask = jnp.asarray(rng.random((B, S)) > 0.3)
+    mask = attention_mask(jnp.ones((B, T), bool), slot_mask, S - T)  # queries at the last T slots
+    reference = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, mask=mask, scale=D ** -0.5,
+                                                            implementation="xla")
+    ours = lambda q, k, v: grouped_attention(q, k, v, mask, D ** -0.5)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)
+    f32 = lambda x: np.asarray(x, np.float32)
+    np.testing.assert_allclose(f32(ours(q, k, v)), f32(reference(q, k, v)), **tol)
+    weights = jnp.asarray(rng.standard_normal((B, T, N, D)), dtype)
+    grad = lambda f: jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32) * weights), argnums=(0, 1, 2))(q, k, v)
+    for name, g, r in zip("qkv", grad(ours), grad(reference)):
+        np.testing.assert_allclose(f32(g), f32(r), err_msg=f"d{name}", **tol)
