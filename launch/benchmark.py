@@ -50,4 +50,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    from searchjax.runtime import use_transparent_huge_pages
+    use_transparent_huge_pages()  # re-executes once with GLIBC_TUNABLES set (faster XLA:CPU buffers)
     app.run(main)

@@ -25,5 +25,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    from searchjax.runtime import use_transparent_huge_pages
+    use_transparent_huge_pages()  # re-executes once with GLIBC_TUNABLES set (faster XLA:CPU buffers)
     flags.mark_flags_as_required(["config", "workdir"])
     app.run(main)

@@ -5,7 +5,8 @@
 Rows:
   * decode b=1/8/32: greedy decode tokens/s of `searchjax.generation.decode` (prefill excluded; no early stop:
     EOS disabled, so every row generates `new_tokens`) next to transformers `generate(do_sample=False)` (torch
-    eager, KV cache, same CPU; decode time = t(n tokens) - t(1 token), i.e. prefill excluded too).
+    eager, KV cache, same CPU, in a fresh process with torch's default malloc settings, see
+    `common.torch_environ`; decode time = t(n tokens) - t(1 token), i.e. prefill excluded too).
     `bound_tok_s` is the memory-bandwidth ceiling: each decode step reads every weight once, so
     steps/s <= bandwidth / weight_bytes (bandwidth from `common.memory_bandwidth()`; ~540 MB of float32
     weights); `bound_fraction` = achieved steps/s over that ceiling (KV-cache reads make it slightly
@@ -71,13 +72,21 @@ def _ours_decode_seconds(model, params, prompts, new_tokens: int, iters: int,
     return first, statistics.median(once() for _ in range(iters))
 
 
-def _transformers_model(model, params):
+def _transformers_side(batches, new_tokens: int, iters: int, queue) -> None:
+    """In a fresh process (`common.in_fresh_process`, torch's own malloc settings): SmolLM2 with the same
+    weights in transformers, {batch: `_transformers_decode_seconds`} on the same prompts as ours."""
     import torch
     import transformers
-    from searchjax.models import save_pretrained
-    directory = tempfile.mkdtemp(prefix="bench-generation-")
-    save_pretrained(model, params, directory)
-    return transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    from searchjax.data import assets
+    from searchjax.models import load_pretrained, save_pretrained
+    with tempfile.TemporaryDirectory(prefix="bench-generation-") as directory:
+        model, params = load_pretrained(assets.smollm2_gguf(), dtype="float32")
+        save_pretrained(model, params, directory)
+        vocab = model.config.vocab_size
+        del params
+        hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    queue.put({batch: _transformers_decode_seconds(hf, _prompts(batch, vocab), new_tokens, iters)
+               for batch in batches})
 
 
 def _transformers_decode_seconds(hf, prompts, new_tokens: int, iters: int) -> float:
@@ -166,17 +175,18 @@ def run(args: common.BenchArgs) -> list[dict]:
     model, params = load_pretrained(assets.smollm2_gguf(), dtype="float32")
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
     bandwidth = common.memory_bandwidth()
-    hf = _transformers_model(model, params)
     # --quick is a smoke run of this file (a minute or two on a busy machine), not a measurement.
     new_tokens = 8 if args.quick else 64
     batches = (1, 8) if args.quick else (1, 8, 32)
     iters = 1 if args.quick else max(1, min(args.iters, 3))
     reference_iters = 1 if args.quick else max(1, min(args.iters, 2))  # transformers at b=32: minutes per call
+    references = common.in_fresh_process(_transformers_side, batches, new_tokens, reference_iters,
+                                          environ=common.torch_environ())
     rows = []
     for batch in batches:
         prompts = _prompts(batch, model.config.vocab_size)
         first, ours = _ours_decode_seconds(model, params, prompts, new_tokens, iters)
-        reference = _transformers_decode_seconds(hf, prompts, new_tokens, reference_iters)
+        reference = references[batch]
         ours_tok_s = batch * new_tokens / ours
         ref_tok_s = batch * (new_tokens - 1) / reference
         bound_steps = bandwidth / weight_bytes

@@ -8,8 +8,11 @@ Rows:
     ratio clip 0.2 + 0.001 x k3 KL, token-mean over response tokens, log-probs of logits / temperature,
     global-norm clip 1.0, AdamW lr 1e-6) on SmolLM2-135M (float32) for 8 trajectories x 512 tokens
     (128 prompt + 384 response), gradients accumulated over micro-batches of MICRO_BATCH = 2 trajectories on
-    both sides. tokens/s = trajectories x tokens / median step time; peak_rss_gib is the
+    both sides; both sides run the LM head on the response's columns only (JAX: the trainer's `tail`,
+    torch: transformers' `logits_to_keep`). tokens/s = trajectories x tokens / median step time; peak_rss_gib is the
     peak resident memory of a fresh process that ran only that side (so each side's figure is its own).
+    The JAX side inherits the launcher's transparent-huge-page malloc setting
+    (`searchjax.runtime.use_transparent_huge_pages`); the torch side runs without it, its faster setting.
     `ratio` on the jax row = jax tokens/s / torch tokens/s (goal >= 1).
   * quickstart_step: configs/quickstart.py (--quick: its "smoke" variant) for 2 steps in a fresh process;
     per step, seconds in rollout, reward, old-logprob recompute (plus the reference's) and update, from the
@@ -19,12 +22,12 @@ Rows:
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import tempfile
 
 import numpy as np
 
+from searchjax.bench import common
 from searchjax.bench.common import BenchArgs, timeit
 
 TEMPERATURE, CLIP, KL_COEF, LR = 1.0, 0.2, 0.001, 1e-6
@@ -56,8 +59,9 @@ def _jax_side(quick: bool, warmup: int, iters: int, queue) -> None:
     model, params = load_pretrained(assets.smollm2_gguf(), dtype="float32")
     batch = _synthetic_batch(model.config.vocab_size, quick)
     rows = len(batch["input_ids"])
+    tail = batching.loss_columns(batch)
     logprob_fn = trainer.make_logprob_fn(model, TEMPERATURE)
-    old = trainer.batch_logprobs(logprob_fn, params, batch, min(MICRO_BATCH, rows))
+    old = trainer.batch_logprobs(logprob_fn, params, batch, min(MICRO_BATCH, rows), tail=tail)
     batch["old_logprobs"] = old + np.random.default_rng(1).normal(0, 0.05, old.shape).astype(np.float32)
     batch["ref_logprobs"] = old
     optim = trainer.OptimConfig(learning_rate=LR, max_grad_norm=1.0)
@@ -69,7 +73,7 @@ def _jax_side(quick: bool, warmup: int, iters: int, queue) -> None:
     stacked = batching.stack_micro_batches(batch, min(MICRO_BATCH, rows))
 
     def run():
-        state["s"], metrics = step(state["s"], stacked)
+        state["s"], metrics = step(state["s"], stacked, tail)
         return metrics
     timing = timeit(run, warmup=warmup, iters=iters)
     from searchjax.rl.loop import peak_rss_gib
@@ -90,11 +94,13 @@ def _torch_side(quick: bool, warmup: int, iters: int, queue) -> None:
     model.train()
     batch = {k: torch.from_numpy(np.asarray(v)) for k, v in _synthetic_batch(vocab, quick).items()}
     ids, mask = batch["input_ids"].long(), batch["attention_mask"].long()
-    loss_mask, adv = batch["loss_mask"], batch["advantages"][:, None]
+    _, prompt_len, response_len = _shapes(quick)
+    loss_mask, adv = batch["loss_mask"][:, prompt_len - 1:], batch["advantages"][:, None]
 
-    def token_logprobs(rows=slice(None)):
-        logits = model(input_ids=ids[rows], attention_mask=mask[rows]).logits[:, :-1].float() / TEMPERATURE
-        return torch.log_softmax(logits, -1).gather(-1, ids[rows, 1:, None])[..., 0]
+    def token_logprobs(rows=slice(None)):  # the response's tokens only, as the JAX side's tail
+        logits = model(input_ids=ids[rows], attention_mask=mask[rows],
+                       logits_to_keep=response_len + 1).logits[:, :-1].float() / TEMPERATURE
+        return torch.log_softmax(logits, -1).gather(-1, ids[rows, prompt_len:, None])[..., 0]
 
     with torch.no_grad():
         old = torch.cat([token_logprobs(slice(i, i + MICRO_BATCH)) for i in range(0, len(ids), MICRO_BATCH)])
@@ -123,23 +129,6 @@ def _torch_side(quick: bool, warmup: int, iters: int, queue) -> None:
     timing = timeit(run, warmup=warmup, iters=iters)
     from searchjax.rl.loop import peak_rss_gib
     queue.put({**timing, "peak_rss_gib": peak_rss_gib(), "torch_threads": torch.get_num_threads()})
-
-
-def _in_fresh_process(fn, *args) -> dict:
-    """Run fn(*args, queue) in a spawned process (its own peak memory, no JAX/torch cross-talk)."""
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    process = ctx.Process(target=fn, args=(*args, queue))
-    process.start()
-    while True:  # a child killed (e.g. out of memory) never puts a result: do not wait for it forever
-        try:
-            result = queue.get(timeout=5)
-            break
-        except Exception:  # queue.Empty
-            if not process.is_alive():
-                raise RuntimeError(f"{fn.__name__} died with exit code {process.exitcode} (out of memory?)")
-    process.join()
-    return result
 
 
 def _quickstart_side(quick: bool, queue) -> None:
@@ -174,8 +163,8 @@ def _quickstart_side(quick: bool, queue) -> None:
 def run(args: BenchArgs) -> list[dict]:
     rows_n, p, r = _shapes(args.quick)
     tokens = rows_n * (p + r)
-    jax_t = _in_fresh_process(_jax_side, args.quick, args.warmup, args.iters)
-    torch_t = _in_fresh_process(_torch_side, args.quick, args.warmup, args.iters)
+    jax_t = common.in_fresh_process(_jax_side, args.quick, args.warmup, args.iters)
+    torch_t = common.in_fresh_process(_torch_side, args.quick, args.warmup, args.iters, environ=common.torch_environ())
     jax_tps, torch_tps = tokens / jax_t["median_s"], tokens / torch_t["median_s"]
     rows = [
         {"name": "update/jax", "trajectories": rows_n, "tokens": tokens, "median_s": jax_t["median_s"],
@@ -185,4 +174,4 @@ def run(args: BenchArgs) -> list[dict]:
          "tokens_per_s": torch_tps, "peak_rss_gib": torch_t["peak_rss_gib"], "threads": torch_t["torch_threads"],
          "cpus": os.cpu_count()},
     ]
-    return rows + _in_fresh_process(_quickstart_side, args.quick)
+    return rows + common.in_fresh_process(_quickstart_side, args.quick)

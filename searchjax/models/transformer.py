@@ -22,7 +22,6 @@ V vocab, L layers. Parameters are stacked over layers (nn.scan) so params["layer
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Optional
 
@@ -31,6 +30,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax.core import FrozenDict
+
+from searchjax.models.kernels import grouped_attention, swiglu
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -228,70 +229,6 @@ class Embedding(nn.Module):
                           preferred_element_type=jnp.float32)
 
 
-def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float) -> jax.Array:
-    """softmax(scale * q k^T, masked) v with K key/value heads shared by groups of G = N / K query heads.
-
-    q [B, T, N, D]; k, v [B, S, K, D]; mask [B, 1, T, S] bool (every query must see at least one slot).
-    Query head n uses key/value head n // G (HF's repeat_kv order). Logits and softmax in float32, the
-    probabilities cast to v's dtype for the second product (as jax.nn.dot_product_attention does).
-
-    Why not jax.nn.dot_product_attention: its XLA path maps the group axis with vmap, which leaves XLA:CPU
-    transposing the [B, N, T, S] logits around every product, and autodiff keeps every layer's [B, N, T, S]
-    probabilities for the backward pass (0.57 GB per 2 x 512-token micro-batch of SmolLM2, zero-filled
-    and written every step). Here both products are plain batched matmuls in the heads-major layout
-    [B, K, G, T, D] x [B, K, S, D], and `_attention` saves only the output and the per-query log-sum-exp,
-    recomputing the probabilities in the backward pass (the FlashAttention backward of Dao et al. 2022):
-        P = exp(scale q k^T - lse),  dV = P^T dO,  dS = P * (dO V^T - rowsum(dO * O)),
-        dQ = scale dS K,  dK = scale dS^T Q.
-    """
-    B, T, N, D = q.shape
-    K = k.shape[2]
-    q = q.reshape(B, T, K, N // K, D).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
-    out = _attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask[:, :, None], scale)
-    return out.transpose(0, 3, 1, 2, 4).reshape(B, T, N, D)
-
-
-def _masked_logits(q, k, mask, scale):
-    logits = jnp.einsum("bkgtd,bksd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-    return jnp.where(mask, logits, jnp.float32(-1e30))  # mask [B, 1, 1, T, S]
-
-
-def _attention_forward(q, k, v, mask, scale):
-    """(out [B, K, G, T, D], lse [B, K, G, T, 1]) for q [B, K, G, T, D], k/v [B, K, S, D]."""
-    logits = _masked_logits(q, k, mask, scale)
-    peak = logits.max(axis=-1, keepdims=True)
-    shifted = jnp.exp(logits - peak)
-    total = shifted.sum(axis=-1, keepdims=True)
-    out = jnp.einsum("bkgts,bksd->bkgtd", (shifted / total).astype(v.dtype), v)
-    return out, peak + jnp.log(total)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _attention(q, k, v, mask, scale):
-    return _attention_forward(q, k, v, mask, scale)[0]
-
-
-def _attention_fwd(q, k, v, mask, scale):
-    out, lse = _attention_forward(q, k, v, mask, scale)
-    return out, (q, k, v, mask, out, lse)
-
-
-def _attention_bwd(scale, residuals, d_out):
-    q, k, v, mask, out, lse = residuals
-    probs = jnp.exp(_masked_logits(q, k, mask, scale) - lse)  # masked slots: exp(-1e30 - lse) = 0
-    d_out32 = d_out.astype(jnp.float32)
-    d_v = jnp.einsum("bkgts,bkgtd->bksd", probs, d_out32)
-    d_probs = jnp.einsum("bkgtd,bksd->bkgts", d_out32, v.astype(jnp.float32))
-    row = jnp.sum(d_out32 * out.astype(jnp.float32), axis=-1, keepdims=True)
-    d_logits = probs * (d_probs - row) * scale
-    d_q = jnp.einsum("bkgts,bksd->bkgtd", d_logits, k.astype(jnp.float32))
-    d_k = jnp.einsum("bkgts,bkgtd->bksd", d_logits, q.astype(jnp.float32))
-    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
-
-
-_attention.defvjp(_attention_fwd, _attention_bwd)
-
-
 class Attention(nn.Module):
     config: ModelConfig
 
@@ -323,13 +260,26 @@ class Attention(nn.Module):
             new_cache = (cache_k, cache_v)
             k, v = cache_k.astype(dt), cache_v.astype(dt)  # [B, S, K, D]
         if cfg.attention_impl is None:
-            out = grouped_attention(q, k, v, attn_mask, D ** -0.5)
+            # without a cache the mask is causal over T == S slots: skip the blocks above the diagonal
+            blocks = causal_blocks(x.shape[1]) if layer_cache is None else 1
+            out = grouped_attention(q, k, v, attn_mask, D ** -0.5, causal_blocks=blocks)
         else:
             out = jax.nn.dot_product_attention(q, k, v, mask=attn_mask, scale=D ** -0.5,
                                                implementation=cfg.attention_impl)
         out = Projection("btnd,ndh->bth", (N, D, H), ("q_heads", "head_dim", "embed"), dtype=dt, param_dtype=pdt,
                          name="o_proj")(out)
         return out, new_cache
+
+
+class Kernel(nn.Module):
+    """A bare weight at `<name>/kernel` (Projection's parameter tree) for layers that use it directly."""
+    shape: tuple
+    axes: tuple
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self):
+        return self.param("kernel", _init(nn.initializers.normal(0.02), self.axes), self.shape, self.param_dtype)
 
 
 class MLP(nn.Module):
@@ -339,10 +289,10 @@ class MLP(nn.Module):
     def __call__(self, x):
         cfg = self.config
         H, F, dt, pdt = cfg.hidden_size, cfg.intermediate_size, cfg.compute_dtype, cfg.weight_dtype
-        gate = Projection("bth,hf->btf", (H, F), ("embed", "mlp"), dtype=dt, param_dtype=pdt, name="gate_proj")(x)
-        up = Projection("bth,hf->btf", (H, F), ("embed", "mlp"), dtype=dt, param_dtype=pdt, name="up_proj")(x)
-        return Projection("btf,fh->bth", (F, H), ("mlp", "embed"), dtype=dt, param_dtype=pdt,
-                          name="down_proj")(nn.silu(gate) * up)
+        w_gate = Kernel((H, F), ("embed", "mlp"), pdt, name="gate_proj")()
+        w_up = Kernel((H, F), ("embed", "mlp"), pdt, name="up_proj")()
+        w_down = Kernel((F, H), ("mlp", "embed"), pdt, name="down_proj")()
+        return swiglu(x.astype(dt), w_gate.astype(dt), w_up.astype(dt), w_down.astype(dt))
 
 
 class DecoderLayer(nn.Module):
@@ -364,6 +314,14 @@ class DecoderLayer(nn.Module):
 def _remat_policy(name: str):
     return {"full": None, "dots_saveable": jax.checkpoint_policies.dots_saveable,
             "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[name]
+
+
+def causal_blocks(T: int, block: int = 128, most: int = 4) -> int:
+    """Query blocks for `grouped_attention` over a causal T x T mask: up to `most` blocks of at least `block`."""
+    for blocks in range(min(most, T // block), 1, -1):
+        if T % blocks == 0:
+            return blocks
+    return 1
 
 
 def attention_mask(token_mask: jax.Array, slot_mask: jax.Array, first_slot) -> jax.Array:

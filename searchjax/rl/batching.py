@@ -105,6 +105,21 @@ def make_batch(trajectories: Sequence[Any], advantages: np.ndarray, *, pad_id: i
             "sampler_logprobs": sampler_logprobs, "advantages": padded_adv}
 
 
+def loss_columns(batch: Batch) -> int:
+    """How many trailing log-prob columns hold every loss-masked token: T - 1 - (first column where any row's
+    loss_mask is nonzero), at least 1, the largest over processes (a static shape every process agrees on).
+
+    The update and the old-policy recompute score only these (`tail` in `searchjax.rl.trainer`). Responses
+    start at column P and their first token is the policy's, so for rollouts this is the response bucket R:
+    one value per bucket, as many compilations as before.
+    """
+    from searchjax import distributed
+    used = np.flatnonzero(np.asarray(batch["loss_mask"]).any(axis=0))
+    columns = batch["loss_mask"].shape[1]
+    local = columns - int(used[0]) if used.size else 1
+    return int(np.max(distributed.allgather(np.asarray([local]))))
+
+
 def split_rows(batch: Batch, size: int) -> list[Batch]:
     """Consecutive row slices of `size` rows (mini-batches); the row count must be a multiple of size."""
     rows = len(batch["input_ids"])

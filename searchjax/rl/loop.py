@@ -371,11 +371,13 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
                                         prompt_buckets=config.batch.prompt_buckets,
                                         response_buckets=config.batch.response_buckets,
                                         row_multiple=u.mini_batch_size)
+            tail = batching.loss_columns(batch)
             t0 = time.perf_counter()
-            batch["old_logprobs"] = trainer.batch_logprobs(logprob_fn, state.params, batch, u.micro_batch_size, mesh)
+            batch["old_logprobs"] = trainer.batch_logprobs(logprob_fn, state.params, batch, u.micro_batch_size, mesh,
+                                                           tail=tail)
             if keep_reference:
                 batch["ref_logprobs"] = trainer.batch_logprobs(logprob_fn, state.ref_params, batch, u.micro_batch_size,
-                                                               mesh)
+                                                               mesh, tail=tail)
             t_logprob = time.perf_counter() - t0
             mismatch = logprob_mismatch(batch.pop("sampler_logprobs"), batch["old_logprobs"], batch["loss_mask"])
             mismatch["rollout/entropy_mc"] = sampled_entropy(batch["old_logprobs"], batch["loss_mask"])
@@ -385,7 +387,7 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
             for _ in range(u.epochs):
                 for mini in batching.split_rows(batch, u.mini_batch_size):
                     stacked = batching.stack_micro_batches(mini, u.micro_batch_size)
-                    state, m = step_fn(state, trainer.place_batch(stacked, mesh, stacked=True))
+                    state, m = step_fn(state, trainer.place_batch(stacked, mesh, stacked=True), tail)
                     update_rows.append(m)
             update_rows = [{k: float(v) for k, v in jax.device_get(m).items()} for m in update_rows]
             t_update = time.perf_counter() - t0

@@ -102,6 +102,7 @@ def warm_start(config, model, params: Any, param_shardings: Any, mesh, demonstra
                                     row_multiple=s.micro_batch_size)
         batch.pop("sampler_logprobs")
         stacked = batching.stack_micro_batches(batch, s.micro_batch_size)
-        state, metrics = step_fn(state, trainer.place_batch(stacked, mesh, stacked=True))
+        tail = batching.loss_columns(batch)
+        state, metrics = step_fn(state, trainer.place_batch(stacked, mesh, stacked=True), tail)
         history.append({k: float(v) for k, v in jax.device_get(metrics).items()})
     return trainer.cast_tree(state.params, model.config.weight_dtype), history

@@ -25,6 +25,11 @@ Precision: `state.params` are the master weights. With `master_dtype="float32"` 
 float32 masters, and gradients, Adam moments and updates stay float32. Without master weights the
 parameters are stored and updated in the model's param dtype (updates below bf16's resolution vanish).
 
+Scored columns: `tail` (static; `batching.loss_columns`) limits the LM head to the last `tail` of the
+T - 1 log-prob columns, those that hold every loss-masked token (the response bucket, since responses
+start at column P). The body still sees the whole sequence; the head, about a sixth of the update on
+SmolLM2 at 128 + 384 tokens, skips the prompt. The loss is the same function of the same tokens.
+
 Non-finite guard: if the loss or the gradient norm is NaN/Inf, the step leaves params and optimizer
 state untouched (the schedule does not advance), still increments `step`, and increments `skipped`.
 
@@ -198,34 +203,45 @@ def place_batch(batch: dict, mesh: Mesh | None, rules=None, *, stacked: bool) ->
 # ------------------------------------------------------------------------------------------------------
 # Log-probs and losses
 # ------------------------------------------------------------------------------------------------------
-def _token_logprobs(model, params, input_ids, attention_mask, temperature: float):
-    """[B, T - 1] log-probs of every next token under softmax(logits / temperature), params cast to the model's dtype.
+def _token_logprobs(model, params, input_ids, attention_mask, temperature: float, tail: int | None = None):
+    """[B, tail] log-probs of the last `tail` (default all T - 1) next tokens under softmax(logits / temperature),
+    params cast to the model's dtype.
 
-    `searchjax.scoring.tail_logprobs` with tail = T - 1 is the jittable core of `token_logprobs` (which
-    adds host-side bucketing around it); batches here are already bucketed by `batching`.
+    `searchjax.scoring.tail_logprobs` is the jittable core of `token_logprobs` (which adds host-side
+    bucketing around it); batches here are already bucketed by `batching`.
     """
     from searchjax.scoring import tail_logprobs
     compute = cast_tree(params, model.config.weight_dtype)
-    return tail_logprobs(model, compute, input_ids, attention_mask, temperature, tail=input_ids.shape[1] - 1)
+    return tail_logprobs(model, compute, input_ids, attention_mask, temperature,
+                         tail=input_ids.shape[1] - 1 if tail is None else tail)
+
+
+PER_TOKEN_KEYS = ("loss_mask", "old_logprobs", "ref_logprobs", "sampler_logprobs")  # [B, T - 1] batch arrays
+
+
+def _last_columns(x: jax.Array, tail: int | None) -> jax.Array:
+    return x if tail is None else x[:, x.shape[1] - tail:]
 
 
 def make_logprob_fn(model, temperature: float, *, mesh: Mesh | None = None, rules=None,
                     param_shardings: Any = None) -> Callable:
-    """Jitted (params, input_ids [B, T], attention_mask [B, T]) -> [B, T - 1] float32 token log-probs.
+    """Jitted (params, input_ids [B, T], attention_mask [B, T], tail=None) -> [B, tail or T - 1] float32 token
+    log-probs (`tail` is static: the last columns only, see the module docstring).
 
     The params are cast to the model's param dtype first, exactly as in the update, so that the old
     policy's log-probs and the update's agree on a ratio of 1 before the first step.
     """
-    fn = lambda params, ids, mask: _token_logprobs(model, params, ids, mask, temperature)
+    fn = lambda params, ids, mask, tail=None: _token_logprobs(model, params, ids, mask, temperature, tail)
     if mesh is None:
-        return jax.jit(fn)
+        return jax.jit(fn, static_argnums=3)
     rows = batch_rows_sharding(mesh, rules, stacked=False)
-    return jax.jit(fn, in_shardings=(param_shardings, rows, rows), out_shardings=rows)
+    return jax.jit(fn, in_shardings=(param_shardings, rows, rows), out_shardings=rows, static_argnums=3)
 
 
 def batch_logprobs(logprob_fn: Callable, params: Any, batch: dict, micro_batch_size: int,
-                   mesh: Mesh | None = None, rules=None) -> np.ndarray:
-    """logprob_fn over `batch` in chunks of micro_batch_size rows (one compiled shape), back on the host.
+                   mesh: Mesh | None = None, rules=None, *, tail: int | None = None) -> np.ndarray:
+    """logprob_fn over `batch` in chunks of micro_batch_size rows (one compiled shape), back on the host:
+    [B, T - 1], with zeros left of the last `tail` columns when tail is given (see the module docstring).
 
     Multi-host: each process passes its own rows and gets its own rows' log-probs back.
     """
@@ -237,15 +253,20 @@ def batch_logprobs(logprob_fn: Callable, params: Any, batch: dict, micro_batch_s
     for i in range(0, rows, micro_batch_size):
         chunk = place_batch({k: batch[k][i:i + micro_batch_size] for k in ("input_ids", "attention_mask")}, mesh,
                             rules, stacked=False)
-        logp = to_host(logprob_fn(params, chunk["input_ids"], chunk["attention_mask"]))  # all processes' rows
+        logp = to_host(logprob_fn(params, chunk["input_ids"], chunk["attention_mask"], tail))  # all processes' rows
         start = jax.process_index() * micro_batch_size  # global_batch stacks the processes' rows in order
         out.append(logp[start:start + micro_batch_size])
-    return np.concatenate(out, axis=0).astype(np.float32)
+    logp = np.concatenate(out, axis=0).astype(np.float32)
+    columns = batch["input_ids"].shape[1] - 1
+    return np.pad(logp, ((0, 0), (columns - logp.shape[1], 0)))
 
 
-def micro_batch_loss(model, cfg: LossConfig, params: Any, micro: dict) -> tuple[jax.Array, tuple]:
-    """(loss sum, (denominator, metrics)) of one micro-batch [b, ...] under `cfg` (see module docstring)."""
-    logp = _token_logprobs(model, params, micro["input_ids"], micro["attention_mask"], cfg.temperature)
+def micro_batch_loss(model, cfg: LossConfig, params: Any, micro: dict,
+                     tail: int | None = None) -> tuple[jax.Array, tuple]:
+    """(loss sum, (denominator, metrics)) of one micro-batch [b, ...] under `cfg` (see module docstring),
+    over the last `tail` log-prob columns (all by default; every loss-masked column must be among them)."""
+    logp = _token_logprobs(model, params, micro["input_ids"], micro["attention_mask"], cfg.temperature, tail)
+    micro = {k: _last_columns(v, tail) if k in PER_TOKEN_KEYS else v for k, v in micro.items()}
     mask = micro["loss_mask"]
     if cfg.kind == "sft":
         loss_sum, denom = losses.sft_loss(logp, mask, cfg.aggregation)
@@ -281,11 +302,13 @@ def _metric_init(shapes: dict) -> dict:
             for k, v in shapes.items()}
 
 
-def accumulate_gradients(model, cfg: LossConfig, params: Any, batch: dict) -> tuple[Any, jax.Array, dict]:
+def accumulate_gradients(model, cfg: LossConfig, params: Any, batch: dict,
+                         tail: int | None = None) -> tuple[Any, jax.Array, dict]:
     """(grad, loss, metrics) over a stacked [M, b, ...] batch: sum_k grad(S_k) / sum_k D_k, f32 gradients."""
-    grad_fn = jax.value_and_grad(lambda p, m: micro_batch_loss(model, cfg, p, m), has_aux=True)
+    loss_fn = lambda p, m: micro_batch_loss(model, cfg, p, m, tail)
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     first = jax.tree.map(lambda x: x[0], batch)
-    metric_shapes = jax.eval_shape(lambda p, m: micro_batch_loss(model, cfg, p, m)[1][1], params, first)
+    metric_shapes = jax.eval_shape(lambda p, m: loss_fn(p, m)[1][1], params, first)
 
     def body(carry, micro):
         grads, total, denom, metrics = carry
@@ -304,9 +327,9 @@ def accumulate_gradients(model, cfg: LossConfig, params: Any, batch: dict) -> tu
 
 
 def train_step(model, cfg: LossConfig, optimizer: optax.GradientTransformation, schedule: optax.Schedule,
-               state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+               state: TrainState, batch: dict, tail: int | None = None) -> tuple[TrainState, dict]:
     """One optimizer step on a stacked [M, b, ...] mini-batch; returns (new state, scalar metrics)."""
-    grads, loss, metrics = accumulate_gradients(model, cfg, state.params, batch)
+    grads, loss, metrics = accumulate_gradients(model, cfg, state.params, batch, tail)
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, state.params)
@@ -323,8 +346,9 @@ def train_step(model, cfg: LossConfig, optimizer: optax.GradientTransformation, 
 
 
 def make_train_step(model, cfg: LossConfig, optim: OptimConfig, *, mesh: Mesh | None = None, rules=None,
-                    shardings: TrainState | None = None) -> Callable[[TrainState, dict], tuple[TrainState, dict]]:
-    """`train_step(state, stacked_batch)`, jitted with the state donated (and laid out by `shardings`).
+                    shardings: TrainState | None = None) -> Callable[..., tuple[TrainState, dict]]:
+    """`step(state, stacked_batch, tail=None)`: `train_step` jitted with the state donated (and laid out by
+    `shardings`); `tail` is static (one compilation per value, see `batching.loss_columns`).
 
     The frozen reference params bypass the jitted step: the loss reads the reference's log-probs from the
     batch ("ref_logprobs"), so the step neither needs them nor may donate them (they are the caller's
@@ -332,16 +356,16 @@ def make_train_step(model, cfg: LossConfig, optim: OptimConfig, *, mesh: Mesh | 
     """
     optimizer = make_optimizer(optim)
     schedule = warmup_constant_schedule(optim.learning_rate, optim.warmup_steps)
-    fn = lambda state, batch: train_step(model, cfg, optimizer, schedule, state, batch)
+    fn = lambda state, batch, tail: train_step(model, cfg, optimizer, schedule, state, batch, tail)
     if mesh is None:
-        jitted = jax.jit(fn, donate_argnums=0)
+        jitted = jax.jit(fn, donate_argnums=0, static_argnums=2)
     else:
         scalar = NamedSharding(mesh, PartitionSpec())
         no_ref = shardings.replace(ref_params=None)
         jitted = jax.jit(fn, in_shardings=(no_ref, batch_rows_sharding(mesh, rules, stacked=True)),
-                         out_shardings=(no_ref, scalar), donate_argnums=0)
+                         out_shardings=(no_ref, scalar), donate_argnums=0, static_argnums=2)
 
-    def step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-        new_state, metrics = jitted(state.replace(ref_params=None), batch)
+    def step(state: TrainState, batch: dict, tail: int | None = None) -> tuple[TrainState, dict]:
+        new_state, metrics = jitted(state.replace(ref_params=None), batch, tail)
         return new_state.replace(ref_params=state.ref_params), metrics
     return step

@@ -94,7 +94,8 @@ def test_config_validation_names_the_field():
 def test_grouped_attention_matches_jax_dot_product_attention(dtype):
     """Our default attention against JAX's reference implementation: GQA (6 query heads over 2 kv heads),
     causal + key padding + a cache-shaped S > T, values and gradients."""
-    from searchjax.models.transformer import attention_mask, grouped_attention
+    from searchjax.models.kernels import grouped_attention
+    from searchjax.models.transformer import attention_mask
     B, T, S, N, K, D = 2, 5, 9, 6, 2, 8
     rng = np.random.default_rng(0)
     q, k, v = (jnp.asarray(rng.standard_normal(shape), dtype) for shape in
@@ -111,3 +112,49 @@ def test_grouped_attention_matches_jax_dot_product_attention(dtype):
     grad = lambda f: jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32) * weights), argnums=(0, 1, 2))(q, k, v)
     for name, g, r in zip("qkv", grad(ours), grad(reference)):
         np.testing.assert_allclose(f32(g), f32(r), err_msg=f"d{name}", **tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_swiglu_backward_matches_autodiff(dtype):
+    """The hand-written SwiGLU backward against jax.grad of the textbook formula: dx and all three weights."""
+    from searchjax.models.kernels import swiglu
+    B, T, H, F = 2, 7, 12, 20
+    rng = np.random.default_rng(1)
+    x, w_gate, w_up, w_down = (jnp.asarray(rng.standard_normal(shape), dtype) for shape in
+                               ((B, T, H), (H, F), (H, F), (F, H)))
+    textbook = lambda x, g, u, d: (jax.nn.silu(x @ g) * (x @ u)) @ d
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=3e-2, atol=3e-2)
+    f32 = lambda a: np.asarray(a, np.float32)
+    np.testing.assert_allclose(f32(swiglu(x, w_gate, w_up, w_down)), f32(textbook(x, w_gate, w_up, w_down)), **tol)
+    weights = jnp.asarray(rng.standard_normal((B, T, H)), dtype)
+    grad = lambda f: jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32) * weights), argnums=(0, 1, 2, 3))(
+        x, w_gate, w_up, w_down)
+    for name, ours, reference in zip(("x", "w_gate", "w_up", "w_down"), grad(swiglu), grad(textbook)):
+        assert ours.dtype == reference.dtype, name
+        if dtype == "bfloat16":  # both round intermediates to bf16, in different orders: scale-aware tolerance
+            tol = dict(rtol=3e-2, atol=2e-2 * float(np.abs(f32(reference)).max()))
+        np.testing.assert_allclose(f32(ours), f32(reference), err_msg=f"d{name}", **tol)
+
+
+def test_causal_blocks_skip_only_masked_products():
+    """grouped_attention with causal_blocks (what the model uses without a cache) equals one block, values and
+    gradients, on a causal mask with left padding; causal_blocks() picks blocks of >= 128 queries."""
+    from searchjax.models.kernels import grouped_attention
+    from searchjax.models.transformer import attention_mask, causal_blocks
+    assert [causal_blocks(T) for T in (16, 255, 256, 384, 512, 1000, 4096)] == [1, 1, 2, 3, 4, 4, 4]
+    B, T, N, K, D = 2, 12, 4, 2, 8
+    rng = np.random.default_rng(2)
+    q, k, v = (jnp.asarray(rng.standard_normal(shape), jnp.float32) for shape in
+               ((B, T, N, D), (B, T, K, D), (B, T, K, D)))
+    token_mask = jnp.asarray(np.arange(T)[None, :] >= np.array([[0], [5]]))  # row 1 left-padded
+    mask = attention_mask(token_mask, token_mask, 0)
+    weights = jnp.asarray(rng.standard_normal((B, T, N, D)), jnp.float32)
+    run = lambda blocks: jax.value_and_grad(
+        lambda *a: jnp.sum(grouped_attention(*a, mask, D ** -0.5, causal_blocks=blocks) * weights),
+        argnums=(0, 1, 2))(q, k, v)
+    (one, one_grads), (three, three_grads) = run(1), run(3)
+    np.testing.assert_allclose(three, one, rtol=1e-5)
+    for name, a, b in zip("qkv", three_grads, one_grads):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"d{name}")
+    with pytest.raises(ValueError, match="causal_blocks=5"):
+        grouped_attention(q, k, v, mask, 1.0, causal_blocks=5)

@@ -88,6 +88,33 @@ def test_accumulated_gradient_equals_full_batch(tiny_model, aggregation):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
 
 
+def test_scoring_only_the_loss_columns_changes_nothing(tiny_model):
+    """`tail` = batching.loss_columns: the response bucket for rollouts; the old-policy log-probs and the
+    update's loss, gradients and metrics are those of scoring every column."""
+    model, params = tiny_model
+    _, batch = _batch(model, params)
+    tail = batching.loss_columns(batch)
+    assert tail == 16  # responses start at column P = 16, scored from column 15 of 31
+    logprob_fn = trainer.make_logprob_fn(model, 1.0)
+    full = trainer.batch_logprobs(logprob_fn, params, batch, 4)
+    cut = trainer.batch_logprobs(logprob_fn, params, batch, 4, tail=tail)
+    np.testing.assert_allclose(cut[:, -tail:], full[:, -tail:], rtol=1e-6, atol=1e-6)
+    assert not cut[:, :-tail].any() and full[:, :-tail].any()
+    cfg = trainer.LossConfig(kl_coef=0.05)
+    stacked = batching.stack_micro_batches(batch, 4)
+    grad_fn = jax.jit(lambda p, b, t: trainer.accumulate_gradients(model, cfg, p, b, t), static_argnums=2)
+    (g_full, loss_full, m_full), (g_tail, loss_tail, m_tail) = grad_fn(params, stacked, None), grad_fn(params, stacked,
+                                                                                                    tail)
+    np.testing.assert_allclose(loss_tail, loss_full, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g_tail, g_full)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), m_tail, m_full)
+    # a mask that starts later scores fewer columns; an all-zero mask still scores one
+    late = np.zeros_like(batch["loss_mask"])
+    late[3, 20] = late[5, 27] = 1.0
+    assert batching.loss_columns(dict(batch, loss_mask=late)) == 11
+    assert batching.loss_columns(dict(batch, loss_mask=np.zeros_like(batch["loss_mask"]))) == 1
+
+
 def test_nan_guard_skips_and_counts(tiny_model):
     model, params = tiny_model
     _, batch = _batch(model, params)
