@@ -3,9 +3,31 @@
 XLA_FLAGS must be set before jax is imported anywhere: 8 simulated CPU devices let the mesh tests
 run data x fsdp x tensor = 2 x 2 x 2 on one machine. Expensive assets are session fixtures, loaded
 once. No test downloads anything: hubs are unreachable, so HF_HUB_OFFLINE is forced.
+
+The suite runs with its own empty searchjax cache ($SEARCHJAX_CACHE: indexes, built default sets,
+converted tokenizers), made once per test session and removed at its end, so no test can pass or fail
+because of what an earlier run left in the user's cache: every run sees what a fresh machine sees.
+Only the persistent XLA compilation cache is shared with the user's (it holds compiled programs, keyed
+by their HLO, never results), because recompiling every program would double the suite's wall time.
+Subprocesses started by tests inherit both variables.
 """
 
+import atexit
 import os
+import pathlib
+import shutil
+import tempfile
+
+
+def _isolate_searchjax_cache() -> None:
+    user_cache = pathlib.Path(os.environ.get("SEARCHJAX_CACHE", pathlib.Path.home() / ".cache" / "searchjax"))
+    os.environ.setdefault("SEARCHJAX_COMPILATION_CACHE", str(user_cache / "jax"))
+    session_cache = tempfile.mkdtemp(prefix="searchjax-test-cache-")
+    os.environ["SEARCHJAX_CACHE"] = session_cache
+    atexit.register(shutil.rmtree, session_cache, ignore_errors=True)
+
+
+_isolate_searchjax_cache()
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

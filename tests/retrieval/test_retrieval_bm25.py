@@ -71,16 +71,39 @@ def test_bm25_round_trip_through_index_dir(tmp_path, bm25_full, corpus):
         save_index(small, tmp_path / "bm25")
 
 
-def test_default_bm25_index_is_cached_on_disk(corpus):
+def test_default_bm25_index_is_cached_on_disk(corpus, monkeypatch, tmp_path, caplog):
+    """The cache directory is the one `default_index` itself uses (`default_index_dir`); a second call in a
+    new process (the in-memory memo cleared) opens it without building, and a damaged cache is rebuilt."""
+    import logging
     from retrieval import default_index, open_index
-    from retrieval.index import read_manifest
-    from searchjax.data import assets
+    from retrieval import index as index_lib
+    from retrieval.index import default_index_dir, read_manifest
+    monkeypatch.setenv("SEARCHJAX_CACHE", str(tmp_path))          # a cache of this test's own
+    monkeypatch.setattr(index_lib, "_DEFAULT_INDEXES", {})
     index = default_index("bm25")
     assert default_index("bm25") is index and index.size == len(corpus) == 10033
-    directory = assets.cache_dir() / "indexes" / "default-bm25"
+    directory = default_index_dir("bm25", corpus)
+    assert directory.parent == tmp_path / "indexes" and directory.is_dir()
+    assert [p.name for p in (tmp_path / "indexes").iterdir()] == [directory.name]
     assert read_manifest(directory)["num_passages"] == 10033
     queries = ["tallest mountain on earth", "inventor of the telephone"]
-    assert open_index(directory, corpus=corpus).search(queries, 3) == index.search(queries, 3)
+    expected = index.search(queries, 3)
+    assert open_index(directory, corpus=corpus).search(queries, 3) == expected
+
+    def refuse_build(*args, **kwargs):
+        raise AssertionError("the cached index was rebuilt instead of reused")
+    monkeypatch.setattr(index_lib, "_DEFAULT_INDEXES", {})          # as in a new process
+    with monkeypatch.context() as m:
+        m.setattr(index_lib.BM25Index, "build", refuse_build)
+        assert default_index("bm25").search(queries, 3) == expected
+
+    (directory / "manifest.json").write_text("{ torn")              # a damaged cache
+    monkeypatch.setattr(index_lib, "_DEFAULT_INDEXES", {})
+    with caplog.at_level(logging.WARNING, logger=index_lib.__name__):
+        rebuilt = default_index("bm25")
+    assert "rebuilding the cached index" in caplog.text
+    assert rebuilt.search(queries, 3) == expected
+    assert read_manifest(directory)["num_passages"] == 10033        # written back whole
 
 
 def test_build_index_entry_point(tmp_path, corpus):
