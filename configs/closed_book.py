@@ -18,7 +18,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     config.model_path = ""  # HF directory or .gguf file; "" = the embedded default, assets.smollm2_gguf()
     config.dtype = "float32"  # compute dtype ("float32" | "bfloat16"); parameters are stored in the same dtype
     config.max_new_tokens = 48  # greedy tokens generated per question (generation also stops at eos)
-    config.prompt_bucket = 64  # prompts are left-padded to a multiple of this (fewer recompilations)
     config.system_prompt = ""  # "" = the chat template's default system message
     config.questions = [  # answered closed-book, one chat turn each
         "What is the capital of France?",

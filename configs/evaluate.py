@@ -53,7 +53,7 @@ def get_config(arg: str = ""):
 
     config.data = ml_collections.ConfigDict()
     config.data.path = "default"  # "default" (embedded FanOutQA sub-questions), a Search-R1 .parquet or FlashRAG .jsonl
-    config.data.data_source = ""  # FlashRAG jsonl only: data-source name ("" = from the file; see eval/benchmarks.py)
+    config.data.data_source = ""  # FlashRAG jsonl only: data-source name ("" = from the file; see searchjax/data/qa_datasets.py)
     config.data.limit = 16  # evaluate the first N questions (0 = all)
 
     config.retrieval = ml_collections.ConfigDict()

@@ -10,10 +10,15 @@ The Teacher runs only in training; evaluation is Actor-only (EM).
 
 Variants (`--config configs/eviback.py:<variant>`):
   qwen3-0.6b | qwen3-1.7b | qwen3-4b (default "" = qwen3-4b): the paper's settings. The policy is the HF
-    checkpoint directory in model.path; the Teacher is an OpenAI-compatible endpoint (teacher.base_url,
-    teacher.model; the key in the environment variable named by teacher.api_key_env). The paper's Teacher
-    model is not fixed here: serve yours, e.g.
-      vllm serve Qwen/Qwen3-32B --port 8000          # then teacher.base_url=http://127.0.0.1:8000/v1
+    checkpoint directory in model.path; the Teacher is the paper's frozen training Teacher, GLM-4.7-Flash
+    (the public release, github.com/chery-nextai/eviback, names it in ape/contract.md and serves it through
+    an OpenAI-compatible chat-completions endpoint), self-hosted with vLLM on port 8001 next to the
+    retriever on 8000:
+      vllm serve zai-org/GLM-4.7-Flash --port 8001      # teacher.base_url=http://127.0.0.1:8001/v1
+    Stage B refines the answer (stage_b_mode "refine", the release's reward weights 0.1 / 0.1). GLM-4.7-Flash
+    is a reasoning model: its replies may start with a <think> block, which the parsers skip, and
+    max_reply_tokens leaves room for it (a reply cut inside the block fails and its group gets zero
+    advantage; serving with a reasoning parser that moves the block out of the content also works).
     Expected result (paper): Stage A insufficient-evidence F1 0.8924 and gold coverage 0.6825 for its
     frozen gate; EM gains over Search-R1 GRPO. Run time: days on a GPU/TPU pod.
   quickstart: the embedded default on CPU: SmolLM2-135M-Instruct policy (configs/quickstart.py) with the
@@ -27,10 +32,9 @@ Variants (`--config configs/eviback.py:<variant>`):
   python -m searchjax.eval.stage_a_harness --config configs/eviback.py:quickstart --limit 20   # gate quality
 """
 
-import importlib.util
-import pathlib
 
 import ml_collections
+from searchjax.config_files import sibling
 
 PAPER_PRESETS = {  # variant -> HF checkpoint directory of the policy (download it first; nothing is fetched)
     "qwen3-0.6b": "~/models/Qwen3-0.6B",
@@ -41,12 +45,8 @@ VARIANTS = ("", *PAPER_PRESETS, "quickstart", "quickstart_smoke")
 
 
 def _sibling_config(name: str, arg: str):
-    """get_config(arg) of configs/<name>.py, loaded by file path (works whatever the working directory)."""
-    path = pathlib.Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"searchjax_configs_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
+    """get_config(arg) of configs/<name>.py (searchjax.config_files.sibling: loaded by path)."""
+    return sibling(__file__, name).get_config(arg)
 
 
 def eviback_section() -> ml_collections.ConfigDict:
@@ -54,14 +54,23 @@ def eviback_section() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.lam = 0.1  # lambda: fallback advantages = lambda * within-group z-scores (paper: 0.1)
     c.stage_a_prompt = "eviback_stage_a.v1"  # gold-blind gate prompt: a versioned file in judges/prompts/ or a path
-    c.stage_b_prompt = "eviback_stage_b.v1"  # gold-aware answer judgement prompt
+    c.stage_b_prompt = "eviback_stage_b.v1"  # gold-aware Stage B prompt (refine: eviback_stage_b_refine.v1)
+    c.stage_b_mode = "grade"  # "refine" (the paper's: Teacher writes the evidence-supported, reference-aligned
+    # answer; reward on its F1) | "grade" (Teacher judges the Actor's answer)
+    c.bundle = ""  # a frozen Teacher bundle directory (launch/ape.py writes them; hashes verified, a mismatch is
+    # refused): its prompts, parsers, Stage B mode and gate replace the fields above and below; "" = unused
     c.max_evidence_passages = 10  # unique retrieved passages per trajectory shown to Stage A
     c.max_passage_chars = 1200  # each passage cut to this many characters
-    c.max_reply_tokens = 32  # Teacher completion limit (replies are one short JSON object)
+    c.max_reply_tokens = 32  # Teacher completion limit (one short JSON object; a reasoning Teacher's think
+    # block needs thousands: the paper presets set 4096)
+    c.open_stage_b = ("Supported", "Ambiguous")  # Stage A verdicts that open Stage B (never Insufficient)
     c.weight_supported = 1.0  # s(Supported) in r = s(v) (1 + F1_ref) / 2
     c.weight_ambiguous = 0.5  # s(Ambiguous); s(Insufficient) = 0 by design
     c.credit_correct = 1.0  # c(Correct) in F1_ref = max(F1, c(j))
     c.credit_partial = 0.5  # c(Partial); c(Incorrect) = 0
+    c.status_credit = 0.1  # refine: beta in r = s(v) (beta a + gamma [answered] F1(refined, golds)) (release: 0.1)
+    c.answer_credit = 0.1  # refine: gamma (release: 0.1)
+    c.no_answer_factor = 0.5  # refine: a, beta's factor for a trajectory that never answered (ours; 1 = release)
     c.correction_rounds = 1  # re-asks of an unparseable reply, with a correction message
     c.epsilon = 1e-6  # GRPO std epsilon of the within-group normalisation
     c.audit_path = "eviback_audit.jsonl"  # one JSON line per Teacher request; relative to --workdir; "" = off
@@ -136,4 +145,11 @@ def get_config(arg: str = ""):
     config.rollout.group_size = 8  # G: rollouts per question (EviBack; Search-R1 used 5)
     config.batch.mini_batch_size = 256 * 8  # trajectories per optimizer step: 256 questions x 8 rollouts
     config.teacher.max_concurrency = 64  # Teacher requests in flight (a step has up to 512 x 8 Stage A requests)
+    config.teacher.model = "zai-org/GLM-4.7-Flash"  # the paper's frozen training Teacher (served name)
+    config.teacher.base_url = "http://127.0.0.1:8001/v1"  # where it is served (vLLM, see the docstring)
+    config.teacher.api_key_env = ""  # a self-hosted vLLM needs no key; a hosted API: the variable's name
+    config.teacher.timeout_s = 180.0  # per attempt (the release's Teacher timeout; thinking replies are long)
+    config.eviback.max_reply_tokens = 4096  # room for a reasoning Teacher's <think> block before the JSON
+    config.eviback.stage_b_mode = "refine"  # the paper's Stage B
+    config.eviback.stage_b_prompt = "eviback_stage_b_refine.v1"
     return config

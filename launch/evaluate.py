@@ -2,10 +2,11 @@ r"""Evaluate a policy as a search agent on a QA benchmark: predictions jsonl + a
 
   python -m launch.evaluate --config configs/evaluate.py --workdir /tmp/searchjax_eval
 
-This file is intentionally short: flags -> `searchjax.eval.benchmarks.run_from_config(config, workdir)`, which
+This file is intentionally short: flags -> `searchjax.experiment.evaluation.run_from_config(config, workdir)`, which
 loads the model, tokenizer, retriever and questions the config names, rolls every question out greedily, writes
 <workdir>/predictions.jsonl, summary.json, table.md and config.json, and prints the table. Every knob is a
-field of configs/evaluate.py (commented there).
+field of configs/evaluate.py (commented there). Inputs are checked before the model loads; bad input (config,
+file, data row, endpoint) ends with one line, `--verbose` adds the traceback.
 """
 
 import os
@@ -13,19 +14,25 @@ import os
 from absl import app, flags
 from ml_collections import config_flags
 
+from searchjax.experiment.validate import exit_on_user_error  # stdlib-only at import
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Evaluation config: configs/evaluate.py[:variant].", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for predictions.jsonl, summary.json and table.md.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Show the traceback of a bad-input error, not just its one line.")
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # hubs are never contacted at run time
-    from searchjax import runtime
-    runtime.enable_compilation_cache()
-    from searchjax.eval import benchmarks
-    benchmarks.run_from_config(_CONFIG.value, _WORKDIR.value)
+
+    def body():
+        from searchjax import runtime
+        runtime.enable_compilation_cache()
+        from searchjax.experiment import evaluation
+        return evaluation.run_from_config(_CONFIG.value, _WORKDIR.value)
+    exit_on_user_error(body, verbose=_VERBOSE.value, program="launch.evaluate")
 
 
 if __name__ == "__main__":

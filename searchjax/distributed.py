@@ -1,6 +1,6 @@
 """Multi-host plumbing: jax.distributed start-up from config fields, global batches, host gathers.
 
-Multi-host model (DESIGN.md): every process runs the same program and its own host loop on a disjoint
+Multi-host model (docs/architecture.md, "Multi-host"): every process runs the same program and its own host loop on a disjoint
 shard of the prompts (`process_shard`); a GRPO group never spans processes. Tensors that feed jitted
 steps are *global* arrays: a process contributes its local rows with `global_batch`
 (jax.make_array_from_process_local_data), and parameters are read slice by slice by

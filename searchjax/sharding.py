@@ -1,13 +1,15 @@
 """One rules table from logical axis names to mesh axes, and the shardings derived from it.
 
 Code names only *logical* axes ("batch", "embed", "vocab", ...); `ShardingRules` maps each to a mesh
-axis of the 3-axis mesh ("data", "fsdp", "tensor") built by `make_mesh`. Parameter shardings come from
-`searchjax.models.param_logical_axes(config)` (each parameter declares its logical axes once, on its
-initialiser) and the parameter shapes; batch shardings from the `batch`/`seq` rules.
+axis of the 3-axis mesh ("data", "fsdp", "tensor") built by `make_mesh`. `tree_shardings` maps a tree
+of logical axes and shapes to NamedShardings; the model's parameter shardings
+(`searchjax.models.param_shardings`) apply it to `param_logical_axes(config)` (each parameter declares its
+logical axes once, on its initialiser). This module knows nothing of the model: models import it, never the
+reverse. Batch shardings come from the `batch`/`seq` rules.
 
     mesh   = make_mesh(data=2, fsdp=2, tensor=2)                  # -1 = all remaining devices
-    shards = param_shardings(config, mesh)                         # pytree of NamedSharding like params
-    params = init_params_sharded(config, mesh, seed=0)             # created on-mesh, never whole on one device
+    shards = models.param_shardings(config, mesh)                  # pytree of NamedSharding like params
+    params = models.init_params_sharded(config, mesh, seed=0)      # created on-mesh, never whole on one device
     batch  = jax.device_put(ids, batch_sharding(mesh, ndim=2))     # [B, T] rows over data x fsdp
     (multi-host: searchjax.distributed.global_batch(local_rows, batch_sharding(mesh)) instead)
 
@@ -136,20 +138,18 @@ def _path_name(path) -> str:
     return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
 
 
-def param_shardings(config, mesh: Mesh, rules: ShardingRules | None = None, *, shapes: Any = None,
-                    indivisible: str = "replicate") -> Any:
-    """Pytree of NamedSharding matching the params of `Transformer(config)`.
+def tree_shardings(axes: Any, shapes: Any, mesh: Mesh, rules: ShardingRules | None = None, *,
+                   indivisible: str = "replicate") -> Any:
+    """Pytree of NamedSharding for a pytree of arrays (or ShapeDtypeStructs) `shapes` whose logical axes are
+    `axes` (the same tree with a tuple of logical names, or None, per leaf), through `rules`.
 
-    Specs come from `searchjax.models.param_logical_axes(config)` through `rules`; `shapes` (a pytree
-    like params of arrays or ShapeDtypeStructs, default `searchjax.models.abstract_params(config)`) is used to apply the
-    indivisible-dimension policy: "replicate" (warn, replicate that dimension) or "raise".
+    A dimension whose size the mesh axis does not divide follows the indivisible policy: "replicate" (warn,
+    replicate that dimension) or "raise". Model-agnostic: `searchjax.models.param_shardings` applies it to
+    a Transformer's parameters.
     """
     if indivisible not in ("replicate", "raise"):
         raise ValueError(f"indivisible must be 'replicate' or 'raise', got {indivisible!r}")
-    from searchjax.models import abstract_params, param_logical_axes
     rules = rules or ShardingRules()
-    axes = param_logical_axes(config)
-    shapes = abstract_params(config) if shapes is None else shapes
     is_axes = lambda x: isinstance(x, tuple) and all(a is None or isinstance(a, str) for a in x)
     axes_flat, axes_def = jax.tree_util.tree_flatten_with_path(axes, is_leaf=is_axes)
     shape_flat, shape_def = jax.tree_util.tree_flatten_with_path(shapes)
@@ -158,7 +158,7 @@ def param_shardings(config, mesh: Mesh, rules: ShardingRules | None = None, *, s
     if axes_paths != shape_paths:
         missing = sorted(set(shape_paths) - set(axes_paths))
         extra = sorted(set(axes_paths) - set(shape_paths))
-        raise ValueError(f"param_logical_axes(config) does not match the parameters: no axes for {missing}, "
+        raise ValueError(f"the logical axes do not match the parameters: no axes for {missing}, "
                          f"axes for unknown parameters {extra}")
     shardings = []
     for (path, names), (_, leaf) in zip(axes_flat, shape_flat):
@@ -198,19 +198,6 @@ def mesh_of(tree) -> Mesh | None:
         if isinstance(sharding, NamedSharding):
             return sharding.mesh
     return None
-
-
-def init_params_sharded(config, mesh: Mesh, rules: ShardingRules | None = None, *, seed: int = 0,
-                        indivisible: str = "replicate") -> Any:
-    """Random parameters of `Transformer(config)` created directly in their shardings.
-
-    `abstract_params` (jax.eval_shape) gives the shapes, `param_shardings` the shardings, and
-    `searchjax.models.init_params` is jitted with those `out_shardings`, so each device only ever
-    materialises its own shards (never the whole model on one device, then moved).
-    """
-    from searchjax.models import abstract_params, init_params
-    shardings = param_shardings(config, mesh, rules, shapes=abstract_params(config), indivisible=indivisible)
-    return jax.jit(lambda key: init_params(config, key), out_shardings=shardings)(jax.random.key(seed))
 
 
 def flax_axis_rules(rules: ShardingRules | None = None) -> tuple[tuple[str, MeshAxes], ...]:

@@ -12,7 +12,7 @@ see exactly the text they were trained on:
 * action: the first `<search>...</search>` or `<answer>...</answer>` block of the turn's text wins (regex
   `<(search|answer)>(.*?)</\\1>`, DOTALL, first match), content stripped. One deliberate difference: an
   empty `<search></search>` is an invalid action here (Search-R1 sends the empty query to the retriever);
-  DESIGN.md counts only searches with a non-empty query, and the invalid-action observation tells the
+  docs/architecture.md ("Metric definitions") counts only searches with a non-empty query, and the invalid-action observation tells the
   model how to write one.
 * observations: a search result is `"\\n\\n<information>" + passages.strip() + "</information>\\n\\n"`; an
   invalid action gets `INVALID_ACTION_OBSERVATION`; an answer ends the trajectory.
@@ -32,7 +32,7 @@ SEARCH_OPEN = "<search>"
 SEARCH_CLOSE = "</search>"
 INFORMATION_OPEN = "<information>"
 INFORMATION_CLOSE = "</information>"
-# Generation stops at the end of an action; the host then parses it (habit 6 of STYLE.md).
+# Generation stops at the end of an action; the host then parses it (docs/architecture.md, "The host loop").
 STOP_STRINGS = (SEARCH_CLOSE, ANSWER_CLOSE)
 
 # Search-R1's `make_prefix(template_type="base")`, verbatim (including its "as many times as your want"):

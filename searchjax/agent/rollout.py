@@ -2,7 +2,7 @@
 
     trajectories = rollout(model, params, tokenizer, retriever, prompts, RolloutConfig(group_size=5), seed=0)
 
-The loop (Search-R1, Jin et al. 2025, `search_r1/llm_agent/generation.py::run_llm_loop`; STYLE.md habit 6):
+The loop (Search-R1, Jin et al. 2025, `search_r1/llm_agent/generation.py::run_llm_loop`; docs/architecture.md, "The host loop"):
 
     session = generation.start(prompt of each row)                  # rows = prompts x group_size, prompt-major
     for turn in range(max_turns + 1):                               # max_turns searching turns + 1 final turn
@@ -31,7 +31,7 @@ Decisions (each one is what the code does; tests/rollout checks them):
   finished; text appended after it would be trained on as if the sequence continued), or after its last
   turn. `answer` is the content of the answer action that ended it (the first closed `<answer>` block of
   its last turn, stripped; = qa.extract_answer of that turn's text), else None.
-* `forced_termination` (DESIGN.md): the trajectory used every searching turn without answering, i.e. it was
+* `forced_termination` (docs/architecture.md, "Metric definitions"): the trajectory used every searching turn without answering, i.e. it was
   still running when the final turn began (False with `search=False`). `end_reason` says how it ended:
   "answer", "eos", or "turns" (its last turn ended without an answer).
 * Observations: a search's hits become `protocol.search_observation(hits)`; an invalid action gets

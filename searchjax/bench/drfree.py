@@ -21,7 +21,7 @@ count, written to a temporary directory) with BM25 over the synthetic corpus as 
    The solver's mean response tokens and searches per rollout are reported (a solver that answers early
    makes the difficulty reward cheaper). Goal: difficulty / IG >= 5.
 2. The whole proposer update step (proposer generation, reward, old log-probs, update) through
-   launch/selfplay.py (`searchjax.rl.loop.train`) with each reward on the quickstart config (B prompts,
+   launch/selfplay.py (`searchjax.experiment.loop.train`) with each reward on the quickstart config (B prompts,
    128-token replies, quickstart solver settings), real SmolLM2 generation, each run in its own process
    (memory): median over the steps after the first (which compiles). Reported without a goal; the share
    of proposals each reward actually scored is reported next to it (a 135M proposer rarely writes a gated
@@ -116,7 +116,7 @@ def update_step_rows(args: BenchArgs, work: pathlib.Path, batch_size: int) -> li
     launch/selfplay.py on the quickstart config; medians of the time/* metrics after the first step."""
     import subprocess
     import sys
-    from searchjax.drfree import selfplay
+    from searchjax.experiment import selfplay
     steps = 2 if args.quick else 1 + max(2, min(args.iters, 3))
     rows = []
     for name, reward_name in (("ig", selfplay.IG_REWARD), ("difficulty_quickstart_solver", selfplay.DIFFICULTY_REWARD)):
@@ -184,11 +184,11 @@ def reward_rows(args: BenchArgs, work: pathlib.Path) -> tuple[list[dict], int]:
     from retrieval.client import InProcessRetriever
     from retrieval.corpus import read_jsonl_corpus
     from searchjax.agent.rollout import RolloutConfig
-    from searchjax.drfree import selfplay
+    from searchjax.experiment import selfplay
     from searchjax.models import load_pretrained
     from searchjax.rewards.difficulty import make_difficulty_reward
     from searchjax.rewards.information_gain import make_information_gain_reward
-    from searchjax.rl.setup import resolve_model_path
+    from searchjax.data.assets import resolve_model_path
     from searchjax.tokenization import load_tokenizer
 
     config = _config(_variant(args))

@@ -76,7 +76,7 @@ def _jax_side(quick: bool, warmup: int, iters: int, queue) -> None:
         state["s"], metrics = step(state["s"], stacked, tail)
         return metrics
     timing = timeit(run, warmup=warmup, iters=iters)
-    from searchjax.rl.loop import peak_rss_gib
+    from searchjax.experiment.loop import peak_rss_gib
     queue.put({**timing, "peak_rss_gib": peak_rss_gib()})
 
 
@@ -127,7 +127,7 @@ def _torch_side(quick: bool, warmup: int, iters: int, queue) -> None:
         optimizer.step()
         return total
     timing = timeit(run, warmup=warmup, iters=iters)
-    from searchjax.rl.loop import peak_rss_gib
+    from searchjax.experiment.loop import peak_rss_gib
     queue.put({**timing, "peak_rss_gib": peak_rss_gib(), "torch_threads": torch.get_num_threads()})
 
 
@@ -146,7 +146,7 @@ def _quickstart_side(quick: bool, queue) -> None:
     config.eval.every = 0
     config.checkpoint.every = 0
     config.logging.progress_bar = False
-    from searchjax.rl import loop
+    from searchjax.experiment import loop
     with tempfile.TemporaryDirectory() as workdir:
         loop.train(config, workdir)
         rows = [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]

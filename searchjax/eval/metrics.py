@@ -1,4 +1,4 @@
-"""Trajectory metrics with one meaning everywhere (DESIGN.md, "Metric definitions"), and the TTRL vote.
+"""Trajectory metrics with one meaning everywhere (docs/architecture.md, "Metric definitions"), and the TTRL vote.
 
 A trajectory record is anything with `.queries` (the search queries it issued, in order), `.answer`
 (the final extracted answer, or None) and `.forced` (True when it used every searching turn without

@@ -298,26 +298,6 @@ class SafetensorsSource:
             return np.asarray(sl[index])
 
 
-class ArraySource:
-    """Tensors already in host memory under HF names (e.g. dequantised from a GGUF file)."""
-
-    def __init__(self, arrays: dict, origin: str, origin_names: Optional[dict] = None):
-        self.arrays, self.origin, self.origin_names = arrays, origin, origin_names or {}
-
-    @property
-    def names(self):
-        return list(self.arrays)
-
-    def where(self, name: str) -> str:
-        return f"{self.origin} (tensor {self.origin_names[name]!r})" if name in self.origin_names else self.origin
-
-    def shape(self, name: str) -> tuple:
-        return tuple(self.arrays[name].shape)
-
-    def read(self, name: str, index: tuple) -> np.ndarray:
-        return self.arrays[name][index]
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Loading
 # ---------------------------------------------------------------------------------------------------------------
@@ -356,12 +336,17 @@ def _full_index(shape):
     return tuple(slice(0, n) for n in shape)
 
 
-def load_params(source, config: ModelConfig, shardings=None):
-    """Parameter dict from a tensor source; `shardings` (pytree like params of Sharding) or None (default device)."""
+def load_params(source, config: ModelConfig, shardings=None, *, progress: bool = False):
+    """Parameter dict from a tensor source; `shardings` (pytree like params of Sharding) or None (default device).
+
+    progress: a tqdm bar over the parameters' bytes (a 7B model takes minutes to read)."""
+    from tqdm import tqdm
     plan = _plan(source, config)
     flat_shardings = flax.traverse_util.flatten_dict(shardings) if shardings is not None else None
     dtype = config.weight_dtype
     out = {}
+    total = sum(int(np.prod(struct.shape)) * np.dtype(dtype).itemsize for _, _, struct, _ in plan)
+    bar = tqdm(total=total, desc="loading weights", unit="B", unit_scale=True, disable=not progress)
     for path, rule, struct, names in plan:
 
         def callback(index, rule=rule, struct=struct, names=names):
@@ -377,14 +362,18 @@ def load_params(source, config: ModelConfig, shardings=None):
             out[path] = jnp.asarray(callback(_full_index(struct.shape)))
         else:
             out[path] = jax.make_array_from_callback(struct.shape, flat_shardings[path], callback)
+        bar.update(int(np.prod(struct.shape)) * np.dtype(dtype).itemsize)
+    bar.close()
     return flax.traverse_util.unflatten_dict(out)
 
 
-def load_pretrained(path, *, dtype: str = "float32", param_dtype: Optional[str] = None, mesh=None, rules=None):
+def load_pretrained(path, *, dtype: str = "float32", param_dtype: Optional[str] = None, mesh=None, rules=None,
+                    progress: bool = False):
     """(Transformer, params) from an HF directory (config.json + safetensors, sharded index ok) or a .gguf file.
 
     dtype: compute dtype; param_dtype: storage dtype (default: dtype). With `mesh`, parameters are created sharded
-    by `searchjax.sharding.param_shardings(config, mesh, rules)`, each shard read from its own file slice.
+    by `searchjax.models.param_shardings(config, mesh, rules)`, each shard read from its own file slice.
+    progress: a tqdm bar while the weights are read.
     """
     path = Path(path)
     param_dtype = param_dtype or dtype
@@ -402,20 +391,26 @@ def load_pretrained(path, *, dtype: str = "float32", param_dtype: Optional[str] 
         raise CheckpointError(f"{path}: neither an HF model directory nor a .gguf file")
     shardings = None
     if mesh is not None:
-        from searchjax.sharding import param_shardings  # imported lazily: the mesh path is optional
+        from searchjax.models.sharded import param_shardings  # imported lazily: the mesh path is optional
         shardings = param_shardings(config, mesh, rules)
-    return Transformer(config), load_params(source, config, shardings)
+    return Transformer(config), load_params(source, config, shardings, progress=progress)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Saving
 # ---------------------------------------------------------------------------------------------------------------
 def save_pretrained(model_or_config, params, out_dir, *, max_shard_bytes: int = 5 * 2 ** 30) -> Path:
-    """Write config.json + safetensors (sharded with an index when larger than max_shard_bytes) for transformers."""
+    """Write config.json + safetensors (sharded with an index when larger than max_shard_bytes) for transformers.
+
+    Multi-host: every process must call it with the same (global) params. Each parameter is gathered to the
+    hosts one at a time (a collective: `searchjax.distributed.to_host`), process 0 alone keeps and writes the
+    tensors, and every process returns only once the files are written (a barrier).
+    """
     from safetensors.flax import save_file
+    from searchjax.distributed import to_host
     config = model_or_config.config if isinstance(model_or_config, Transformer) else model_or_config
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    writer = jax.process_index() == 0
     flat = flax.traverse_util.flatten_dict(params)
     rules = {rule.param_path: rule for rule in TENSOR_RULES}
     tensors = {}
@@ -423,12 +418,18 @@ def save_pretrained(model_or_config, params, out_dir, *, max_shard_bytes: int = 
         if path not in rules:
             raise CheckpointError(f"parameter {'/'.join(path)} has no entry in TENSOR_RULES; cannot save it")
         rule = rules[path]
-        value = np.asarray(jax.device_get(value))
+        value = to_host(value) if isinstance(value, jax.Array) else np.asarray(value)  # same order on every process
+        if not writer:
+            continue
         if rule.per_layer:
             for i in range(value.shape[0]):
                 tensors[rule.hf_name.format(layer=i)] = np.ascontiguousarray(to_hf(rule.layout, value[i]))
         else:
             tensors[rule.hf_name] = np.ascontiguousarray(to_hf(rule.layout, value))
+    if not writer:
+        _barrier(f"save_pretrained {out_dir}")
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
     shards, current, size = [], {}, 0
     for name, value in tensors.items():
         if current and size + value.nbytes > max_shard_bytes:
@@ -449,4 +450,12 @@ def save_pretrained(model_or_config, params, out_dir, *, max_shard_bytes: int = 
             index = {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())}, "weight_map": weight_map}
             (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     (out_dir / "config.json").write_text(json.dumps(config_to_hf(config), indent=2))
+    _barrier(f"save_pretrained {out_dir}")
     return out_dir
+
+
+def _barrier(name: str) -> None:
+    """Wait for every process (no-op in a single-process job)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)

@@ -1,4 +1,5 @@
-"""Text embedders for dense retrieval: BERT-family encoders (MiniLM, E5, BGE) and decoder embedders.
+"""Text embedders for dense retrieval: BERT-family encoders (MiniLM, E5, BGE). Decoder embedders (Qwen3-Embedding)
+are in searchjax.models.decoder_embedder; pooling and batching shared by both in searchjax.models.embedding.
 
 BERT encoder (Devlin et al. 2019; post-LayerNorm):
 
@@ -33,13 +34,15 @@ import functools
 import json
 import os
 import pathlib
-from typing import Callable, Sequence
+from typing import Sequence
 
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from searchjax.models.embedding import BucketedEmbedder, pool
 
 # --- configs -----------------------------------------------------------------------------------------
 
@@ -171,24 +174,6 @@ class BertEncoder(nn.Module):
         return h
 
 
-def pool(hidden: jax.Array, token_mask: jax.Array, pooling: str, normalize: bool) -> jax.Array:
-    """hidden [B, T, H], token_mask [B, T] -> [B, H] float32 (see the module docstring for the formulas)."""
-    hidden = hidden.astype(jnp.float32)
-    mask = token_mask.astype(jnp.float32)
-    if pooling == "mean":
-        out = jnp.einsum("bth,bt->bh", hidden, mask) / jnp.maximum(mask.sum(1, keepdims=True), 1e-9)
-    elif pooling == "cls":
-        out = hidden[:, 0]
-    elif pooling == "last":
-        last = jnp.maximum(token_mask.astype(jnp.int32).sum(1) - 1, 0)   # right padding: last real token
-        out = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
-    else:
-        raise ValueError(f"pooling must be 'mean', 'cls' or 'last', got {pooling!r}")
-    if normalize:
-        out = out / jnp.maximum(jnp.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
-    return out
-
-
 # --- HF safetensors -> params (key table, a shape assert per tensor, nothing left unset) ----------------
 
 _EMBEDDING_KEYS = {
@@ -259,92 +244,6 @@ def load_bert_params(path: str | os.PathLike, config: EncoderConfig) -> dict:
     return flax.traverse_util.unflatten_dict({k: jnp.asarray(v) for k, v in params.items()})
 
 
-# --- batching: length buckets ---------------------------------------------------------------------------
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def length_bucket(n: int, steps_per_octave: int = 1, min_bucket: int = 16) -> int:
-    """Smallest bucket >= n. Buckets are powers of two (steps_per_octave=1) or, with s steps per octave,
-    2^k * (1 + j/s) for j < s: s=2 gives 16, 24, 32, 48, 64, 96, ... (less padding, s times the shapes)."""
-    n = max(int(n), min_bucket)
-    base = _next_pow2(n) // 2
-    if base < 1:
-        return 1
-    for j in range(1, steps_per_octave + 1):
-        bucket = base + base * j // steps_per_octave
-        if bucket >= n:
-            return bucket
-    return 2 * base
-
-
-def plan_batches(lengths: Sequence[int], batch_size: int, max_length: int, min_bucket: int = 16,
-                 steps_per_octave: int = 1, max_batch_tokens: int | None = None) -> list[tuple[np.ndarray, int, int]]:
-    """Group sequence indices into (indices, padded_length, padded_rows) batches, longest first.
-
-    Indices are sorted by length. A batch takes the longest remaining sequence's length bucket (see
-    `length_bucket`, capped at max_length) and up to `batch_size` sequences, fewer when
-    `max_batch_tokens` is set: then at most the largest power of two <= max_batch_tokens / bucket
-    (at least 1). padded_rows is the next power of two >= the batch's size, capped at that row limit.
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    lengths = np.asarray(lengths, dtype=np.int64)
-    order = np.argsort(-lengths, kind="stable")
-    plans, start = [], 0
-    while start < len(order):
-        padded_length = min(length_bucket(int(lengths[order[start]]), steps_per_octave, min_bucket), max_length)
-        limit = batch_size
-        if max_batch_tokens is not None:
-            limit = min(batch_size, max(1, _next_pow2(max_batch_tokens // padded_length + 1) // 2))
-        idx = order[start:start + limit]
-        plans.append((idx, padded_length, min(_next_pow2(len(idx)), limit)))
-        start += len(idx)
-    return plans
-
-
-def embed_token_ids(ids: Sequence[Sequence[int]], embed_fn: Callable[[np.ndarray, np.ndarray], jax.Array], *,
-                    batch_size: int, max_length: int, pad_id: int, min_bucket: int = 16,
-                    steps_per_octave: int = 1, max_batch_tokens: int | None = None) -> np.ndarray:
-    """Run `embed_fn(input_ids [B, T] int32, token_mask [B, T] bool) -> [B, D]` over length-bucketed,
-    right-padded batches and return [N, D] float32 in the input order. Sequences longer than max_length
-    are truncated to their first max_length tokens."""
-    ids = [list(x)[:max_length] for x in ids]
-    if any(len(x) == 0 for x in ids):
-        raise ValueError("embed_token_ids: empty token sequence (every text must tokenise to >= 1 token)")
-    out: np.ndarray | None = None
-    for idx, length, rows in plan_batches([len(x) for x in ids], batch_size, max_length, min_bucket,
-                                           steps_per_octave, max_batch_tokens):
-        input_ids = np.full((rows, length), pad_id, np.int32)
-        mask = np.zeros((rows, length), bool)
-        for r, i in enumerate(idx):
-            input_ids[r, :len(ids[i])] = ids[i]
-            mask[r, :len(ids[i])] = True
-        mask[len(idx):, 0] = True   # padding rows get one real token so no row is fully masked
-        emb = np.asarray(embed_fn(input_ids, mask), np.float32)[:len(idx)]
-        if out is None:
-            out = np.empty((len(ids), emb.shape[1]), np.float32)
-        out[idx] = emb
-    return out if out is not None else np.zeros((0, 0), np.float32)
-
-
-def warmup_shapes(embed_fn: Callable[[np.ndarray, np.ndarray], jax.Array], *, batch_size: int, max_length: int,
-                  pad_id: int, max_tokens: int = 32, min_bucket: int = 16, steps_per_octave: int = 1,
-                  max_batch_tokens: int | None = None) -> int:
-    """Compile embed_fn for every (rows, length) shape `plan_batches` can give batches of up to
-    batch_size texts of at most max_tokens tokens, so a server's first queries do not wait for XLA.
-    Returns the number of shapes run."""
-    shapes = {(rows, length) for n in range(1, batch_size + 1) for t in range(1, max_tokens + 1)
-              for _, length, rows in plan_batches([t] * n, batch_size, max_length, min_bucket, steps_per_octave,
-                                                   max_batch_tokens)}
-    for rows, length in sorted(shapes):
-        ids = np.full((rows, length), pad_id, np.int32)
-        jax.block_until_ready(embed_fn(ids, np.ones((rows, length), bool)))
-    return len(shapes)
-
-
 # --- the embedder objects the indexes use -------------------------------------------------------------
 
 
@@ -361,40 +260,15 @@ def _bert_embed_fn(config: EncoderConfig):
     return embed
 
 
-class _BucketedEmbedder:
-    """`encode` and `warmup` over length-bucketed batches, shared by both embedders. A subclass provides
-    `tokenize(texts, is_query)`, `_embed(params, ids, mask)`, `params`, `dim`, `batch_size`,
-    `steps_per_octave`, `max_batch_tokens`, `_token_limit()` and `_pad_id()`."""
-
-    warmup_tokens = 32  # query lengths compiled by default at warmup (instruction prefixes need more)
-
-    def warmup(self, max_tokens: int | None = None) -> int:
-        """Compile the shapes of query batches up to max_tokens tokens (see warmup_shapes)."""
-        return warmup_shapes(lambda i, m: self._embed(self.params, i, m), batch_size=self.batch_size,
-                             max_length=self._token_limit(), pad_id=self._pad_id(),
-                             max_tokens=max_tokens or self.warmup_tokens, steps_per_octave=self.steps_per_octave,
-                             max_batch_tokens=self.max_batch_tokens)
-
-    def encode(self, texts: Sequence[str], *, is_query: bool = False) -> np.ndarray:
-        """[N, D] float32 embeddings of `texts` (query formatting applied when is_query)."""
-        if isinstance(texts, str):
-            raise TypeError("encode takes a list of texts, got a single string")
-        if not texts:
-            return np.zeros((0, self.dim), np.float32)
-        return embed_token_ids(self.tokenize(texts, is_query), lambda i, m: self._embed(self.params, i, m),
-                               batch_size=self.batch_size, max_length=self._token_limit(), pad_id=self._pad_id(),
-                               steps_per_octave=self.steps_per_octave, max_batch_tokens=self.max_batch_tokens)
-
-
 @dataclasses.dataclass
-class TextEncoder(_BucketedEmbedder):
+class TextEncoder(BucketedEmbedder):
     """A BERT-family embedder: `encode(texts, is_query)` -> [N, D] float32, unit rows when normalising."""
 
     config: EncoderConfig
     params: dict
     tokenizer: object                # tokenizers.Tokenizer, truncation at config.max_length, no padding
     batch_size: int = 64             # rows per encoder call, at most
-    steps_per_octave: int = 2        # length buckets per doubling (2: 16, 24, 32, 48, ...); see length_bucket
+    steps_per_octave: int = 2        # length buckets per doubling (2: 16, 24, 32, 48, ...); see embedding.length_bucket
     max_batch_tokens: int | None = 1024   # fewer rows for long buckets; see the module docstring
     source: str = ""                 # the directory loaded from (recorded in manifests, to reload)
     preset: str | None = None        # the ENCODER_PRESETS key used, if any
@@ -451,79 +325,3 @@ def load_encoder(path: str | os.PathLike | None = None, *, preset: str | None = 
                        max_batch_tokens, source=str(path), preset=preset)
 
 
-# --- decoder embedders (Qwen3-Embedding style) -----------------------------------------------------------
-
-QWEN3_EMBEDDING_TASK = "Given a web search query, retrieve relevant passages that answer the query"
-
-
-@dataclasses.dataclass
-class DecoderEmbedder(_BucketedEmbedder):
-    """Our decoder (searchjax.models Transformer, return_hidden=True) as an embedder: last-token pooling.
-
-    Queries become f"Instruct: {task}\\nQuery:{query}" (Qwen3-Embedding's format); passages are bare.
-    `append_token` (Qwen3-Embedding: "<|endoftext|>") is appended to every input, whose hidden state is the embedding.
-    """
-
-    name: str
-    model: object                    # searchjax.models.Transformer
-    params: dict
-    tokenizer: object                # searchjax.tokenization.Tokenizer
-    task: str = QWEN3_EMBEDDING_TASK
-    append_token: str | None = "<|endoftext|>"
-    max_length: int = 512
-    normalize: bool = True
-    batch_size: int = 16
-    steps_per_octave: int = 1
-    max_batch_tokens: int | None = 4096
-    source: str = ""                 # the directory loaded from (recorded in manifests, to reload)
-    warmup_tokens = 64               # the instruction prefix alone is ~20 tokens (a class attribute, not a field)
-
-    def __post_init__(self):
-        from searchjax.models import positions_from_mask
-        model, normalize = self.model, self.normalize
-
-        @jax.jit
-        def embed(params, input_ids, token_mask):
-            hidden, _ = model.apply({"params": params}, input_ids, positions_from_mask(token_mask), token_mask,
-                                    cache=None, return_hidden=True)
-            return pool(hidden, token_mask, "last", normalize)
-        self._embed = embed
-        self._append_ids: list[int] = []
-        if self.append_token is not None:
-            self._append_ids = self.tokenizer.encode(self.append_token, add_special_tokens=False)
-            if len(self._append_ids) != 1:
-                raise ValueError(f"append_token {self.append_token!r} is not a single token of this tokenizer")
-
-    @property
-    def dim(self) -> int:
-        return self.model.config.hidden_size
-
-    def describe(self) -> dict:
-        return {"name": self.name, "kind": "decoder", "dim": self.dim, "pooling": "last", "normalize": self.normalize,
-                "task": self.task, "append_token": self.append_token, "max_length": self.max_length,
-                "path": self.source}
-
-    def format_query(self, query: str) -> str:
-        return f"Instruct: {self.task}\nQuery:{query}"
-
-    def tokenize(self, texts: Sequence[str], is_query: bool) -> list[list[int]]:
-        """Token ids per text; truncated so the appended token always survives."""
-        keep = self.max_length - len(self._append_ids)
-        return [self.tokenizer.encode(self.format_query(t) if is_query else t, add_special_tokens=False)[:keep]
-                + self._append_ids for t in texts]
-
-    def _token_limit(self) -> int:
-        return self.max_length
-
-    def _pad_id(self) -> int:
-        return self.tokenizer.pad_token_id or 0
-
-
-def load_decoder_embedder(path: str | os.PathLike, *, name: str | None = None, dtype: str = "float32",
-                          **kwargs) -> DecoderEmbedder:
-    """A DecoderEmbedder from an HF decoder directory (e.g. Qwen3-Embedding-0.6B) via searchjax.models."""
-    from searchjax.models import load_pretrained
-    from searchjax.tokenization import load_tokenizer
-    model, params = load_pretrained(path, dtype=dtype)
-    return DecoderEmbedder(name or pathlib.Path(path).name, model, params, load_tokenizer(path), source=str(path),
-                           **kwargs)

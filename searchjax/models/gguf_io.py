@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -172,10 +173,29 @@ def config_from_gguf(meta: dict, *, source: str, dtype: str, param_dtype: str, h
     )
 
 
+class ArraySource:
+    """Tensors already in host memory under HF names (e.g. dequantised from a GGUF file)."""
+
+    def __init__(self, arrays: dict, origin: str, origin_names: Optional[dict] = None):
+        self.arrays, self.origin, self.origin_names = arrays, origin, origin_names or {}
+
+    @property
+    def names(self):
+        return list(self.arrays)
+
+    def where(self, name: str) -> str:
+        return f"{self.origin} (tensor {self.origin_names[name]!r})" if name in self.origin_names else self.origin
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self.arrays[name].shape)
+
+    def read(self, name: str, index: tuple) -> np.ndarray:
+        return self.arrays[name][index]
+
+
 def read_gguf(path, *, dtype: str = "float32", param_dtype: str = "float32"):
     """(ModelConfig, ArraySource of float32 tensors under HF names) from a GGUF file."""
     import gguf
-    from searchjax.models.checkpoint_io import ArraySource
 
     path = Path(path)
     meta, tensors = read_gguf_file(path)

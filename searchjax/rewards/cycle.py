@@ -9,7 +9,8 @@ that removes lexical shortcuts:
     mask(a)    = a with each named-entity span replaced by its type tag [PERSON] | [ORG] | [LOC] | [MISC]
     psi(tau)   = ((mask(a_1), o_1), ..., (mask(a_K), o_K))        psi = mask o trace; o_k untouched
     q_hat      = R(psi(tau))                                       a judge (searchjax.judges), prompt
-                                                                   ccs_reconstructor.v1
+                                                                   ccs_reconstructor.v2 (the paper's
+                                                                   appendix B.3; v1 is the short one)
     r(tau)     = cos(E(q), E(q_hat)) = <E(q), E(q_hat)> / (|E(q)| |E(q_hat)|)
     r(tau)     = 0   when q_hat is N/A, empty or garbage (`parse_reconstruction`), or tau made no search
 
@@ -40,6 +41,12 @@ Decisions (each one is what the code does; tests/ccs checks them):
 * Infrastructure failures (timeout, HTTP error, dead endpoint, backend error: any `JudgeError`) give the
   trajectory's whole group advantages of zero (`advantage_overrides[uid]`, the advantages GRPO gives a
   group with equal rewards), its reward 0, and count in `ccs/failed_groups`; nothing is raised (as EviBack).
+* Prompts: ccs_reconstructor.v2 carries the appendix's requirements (no evidence, no question; no
+  compression; every part of the question justified by a step; the trace's intent; the trace's complexity,
+  one hop per dependent search); v1, the short rules (use only the results, resolve every tag, N/A when
+  under-specified), stays loadable and is the CcsConfig default, so results made with it stay reproducible.
+* The RewardFn the loop calls (`make_ccs_reward`) stops the run when more than `max_failure_rate` of one
+  step's reconstructor requests fail (`searchjax.rewards.judge_failures`); `ccs_reward` itself never raises.
 * Identical requests of a step are asked once. With `audit_path`, one JSON line per request: step,
   trajectories, prompt name and sha256, request sha256, masked queries, judge description, reply, status,
   similarity, error.
@@ -60,6 +67,7 @@ from searchjax.judges.base import Judge, JudgeError, JudgeRequest
 from searchjax.judges.templates import PromptTemplate, load_prompt, render_prompt
 from searchjax.rewards.base import RewardOutput
 from searchjax.rewards.eviback import append_audit, audit_path_in
+from searchjax.rewards.judge_failures import check_failure_rate
 from searchjax.rewards.ner import TAGS, NerBackend, load_ner, mask_queries
 from searchjax.rewards.qa import exact_match
 
@@ -93,10 +101,13 @@ class CcsConfig:
     max_reply_tokens: int = 64            # reconstructor completion limit
     max_question_words: int = 64          # a longer reconstruction is garbage
     audit_path: str = ""                  # jsonl, one record per reconstructor request; "" = none
+    max_failure_rate: float = 1.0         # make_ccs_reward stops the run above this failed-request fraction
 
     def __post_init__(self):
         if self.max_reply_tokens < 1 or self.max_question_words < 2:
             raise ValueError(f"CcsConfig: max_reply_tokens must be >= 1 and max_question_words >= 2, got {self}")
+        if not 0.0 <= self.max_failure_rate <= 1.0:
+            raise ValueError(f"CcsConfig.max_failure_rate={self.max_failure_rate} must be in [0, 1]")
 
 
 # --- the bottleneck ------------------------------------------------------------------------------------------
@@ -318,7 +329,10 @@ def ccs_rewards(trajectories: Sequence["Trajectory"], judge: Judge, embedder, ne
 def ccs_reward(trajectories: Sequence["Trajectory"], judge: Judge, embedder, ner: NerBackend | None, tokenizer,
                cfg: CcsConfig, *, template: PromptTemplate | None = None, step: int = 0) -> RewardOutput:
     """RewardOutput: rewards r(tau), zero-advantage overrides for failed groups, metrics "ccs/..."."""
-    result = ccs_rewards(trajectories, judge, embedder, ner, tokenizer, cfg, template=template, step=step)
+    return _output(ccs_rewards(trajectories, judge, embedder, ner, tokenizer, cfg, template=template, step=step))
+
+
+def _output(result: CcsResult) -> RewardOutput:
     metrics = {f"ccs/{k}": v for k, v in result.metrics.items()}
     metrics["mean"] = float(result.rewards.mean())
     return RewardOutput(rewards=result.rewards, advantage_overrides=result.overrides, metrics=metrics)
@@ -330,17 +344,21 @@ def make_ccs_reward(judge: Judge, embedder, ner: NerBackend | None, tokenizer, c
     step = [0]
 
     def reward_fn(trajectories):
-        out = ccs_reward(trajectories, judge, embedder, ner, tokenizer, cfg, template=template, step=step[0])
+        result = ccs_rewards(trajectories, judge, embedder, ner, tokenizer, cfg, template=template, step=step[0])
         step[0] += 1
-        return out
+        failed = int(sum(v for k, v in result.metrics.items() if k.startswith("failures/")))  # failed requests
+        check_failure_rate(failed, int(result.metrics["requests"]), cfg.max_failure_rate,
+                           "config.ccs.max_failure_rate")
+        return _output(result)
     reward_fn.judge, reward_fn.embedder, reward_fn.ner, reward_fn.template = judge, embedder, ner, template
     return reward_fn
 
 
 def load_embedder(kind: str, path: str = "", *, dtype: str = "float32", batch_size: int = 64):
     """kind "bert" (path: an HF BERT-family dir; "" = all-MiniLM-L6-v2 from its package) or "decoder" (an HF
-    decoder embedder dir such as Qwen3-Embedding-4B, through searchjax.models.encoder.DecoderEmbedder)."""
-    from searchjax.models.encoder import load_decoder_embedder, load_encoder
+    decoder embedder dir such as Qwen3-Embedding-4B, through searchjax.models.decoder_embedder.DecoderEmbedder)."""
+    from searchjax.models.decoder_embedder import load_decoder_embedder
+    from searchjax.models.encoder import load_encoder
     if kind == "bert":
         return load_encoder(os.path.expanduser(path) if path else None, batch_size=batch_size, dtype=dtype)
     if kind == "decoder":
@@ -366,7 +384,7 @@ def reward_from_config(config, *, tokenizer, workdir: str | os.PathLike | None =
 
 
 def build_ccs_reward(config, components, workdir):
-    """The trainer's reward builder (searchjax.rl.loop.REWARD_FNS signature: config, components, workdir).
+    """The trainer's reward builder (searchjax.experiment.loop.REWARD_FNS signature: config, components, workdir).
 
     A local reconstructor with `local_checkpoint` "policy" gets a frozen copy of the initial policy
     parameters, taken now, before any update can donate the buffers the policy starts from.

@@ -2,7 +2,7 @@
 
 These are the outcome rewards of Search-R1 (Jin et al. 2025) and the metrics every evaluation table reports.
 
-Conventions (DESIGN.md, "Formula conventions"):
+Conventions (docs/architecture.md, "Formula conventions"):
 
 * `normalize_answer` is exactly the SQuAD v1.1 evaluation script's: lowercase, drop ASCII punctuation
   (`string.punctuation`), drop the articles a/an/the, collapse whitespace. Nothing more: accents, unicode

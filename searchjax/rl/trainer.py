@@ -33,7 +33,7 @@ SmolLM2 at 128 + 384 tokens, skips the prompt. The loss is the same function of 
 Non-finite guard: if the loss or the gradient norm is NaN/Inf, the step leaves params and optimizer
 state untouched (the schedule does not advance), still increments `step`, and increments `skipped`.
 
-Sharding: with a mesh, the state is laid out by `searchjax.sharding.param_shardings` (optimizer moments
+Sharding: with a mesh, the state is laid out by `searchjax.models.param_shardings` (optimizer moments
 follow their parameters, scalars are replicated), batches by the "batch" rule (data x fsdp), and the
 step's input state is donated.
 """

@@ -15,7 +15,7 @@ from ccs_helpers import ShortPassages, scripted_logits_fn
 from searchjax.agent import protocol
 from searchjax.agent.rollout import RolloutConfig, required_cache_len, rollout
 from searchjax.rewards import cycle
-from searchjax.rl import loop, setup
+from searchjax.experiment import loop, setup
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
 """HRPO for the proposer (Dr.Free eq. 9): advantages per hop group across the batch against hand-computed
-values, and one proposer training step through the real trainer (searchjax.rl.loop.train with the
+values, and one proposer training step through the real trainer (searchjax.experiment.loop.train with the
 configs/drfree.py settings): scripted proposals -> IG reward with a frozen tiny anchor -> HRPO -> update."""
 
 import copy
@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 from proposer_fakes import CHAIN_1, CHAIN_2, CHAIN_3, CountingRetriever, FakeTrajectory, reply, scripted_logits_fn
 
-from searchjax.drfree import selfplay
+from searchjax.experiment import selfplay
 from searchjax.drfree.proposer import chain_passages, chain_prompt, proposer_prompt_text
 from searchjax.rewards import information_gain as ig
-from searchjax.rl import checkpoint, loop, trainer
+from searchjax.rl import checkpoint, trainer
+from searchjax.experiment import loop
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

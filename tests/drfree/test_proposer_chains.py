@@ -9,7 +9,8 @@ import pytest
 from proposer_fakes import CHAIN_1, CHAIN_2, CHAIN_3, reply, scripted_logits_fn
 
 from searchjax.agent.rollout import Prompt, RolloutConfig
-from searchjax.drfree import proposer, selfplay
+from searchjax.drfree import proposer
+from searchjax.experiment import selfplay
 from searchjax.rewards.information_gain import check_proposal
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from retrieval import default_index
 from searchjax.agent.rollout import Trajectory
 from searchjax.rewards.eviback import VERDICTS
-from searchjax.rl import loop, setup
+from searchjax.experiment import loop, setup
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

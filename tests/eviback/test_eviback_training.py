@@ -1,4 +1,4 @@
-"""EviBack inside the real trainer: one RL step of `searchjax.rl.loop.train` with the Teacher behind a real
+"""EviBack inside the real trainer: one RL step of `searchjax.experiment.loop.train` with the Teacher behind a real
 OpenAI-compatible HTTP server on loopback (a scripted rule-based judge), a real BM25 retriever, real
 tokenisation and the jitted update. One group fails at the Teacher and must not stop training."""
 
@@ -16,7 +16,7 @@ from searchjax.agent import protocol
 from searchjax.agent.rollout import Prompt, Trajectory
 from searchjax.judges.templates import PROMPTS_DIR
 from searchjax.judges.testing_server import ScriptedReply, serve_scripted
-from searchjax.rl import loop
+from searchjax.experiment import loop
 from searchjax.rl.advantages import grpo_advantages
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

@@ -3,13 +3,13 @@
 import jax
 import numpy as np
 
-from searchjax import generation, sharding
+from searchjax import generation, models, sharding
 
 
 def test_sharded_generation_equals_single_device(tiny_models, tiny_prompts):
     _, model, params = tiny_models["qwen3"]
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
-    sharded_params = jax.device_put(params, sharding.param_shardings(model.config, mesh))
+    sharded_params = jax.device_put(params, models.param_shardings(model.config, mesh))
     assert sharding.mesh_of(sharded_params) is mesh
     single = generation.generate(model, params, tiny_prompts, max_new_tokens=64)
     sharded = generation.generate(model, sharded_params, tiny_prompts, max_new_tokens=64)

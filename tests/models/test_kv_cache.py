@@ -1,4 +1,4 @@
-"""KV cache semantics (INTERFACES.md): prefill + decode through the cache == one full forward without a cache."""
+"""KV cache semantics (searchjax/models/transformer.py, KVCache): prefill + decode through the cache == one full forward without a cache."""
 
 import functools
 

@@ -24,13 +24,13 @@ def _assert_sharded_like(params, shardings, reference):
 
 @pytest.mark.parametrize("name", ["tiny-qwen3", "tiny-qwen2"])
 def test_load_pretrained_with_mesh(name, tiny_hf_checkpoints, tiny_loaded, padded_batch):
-    from searchjax import sharding
+    from searchjax import models, sharding
     directory, _ = tiny_hf_checkpoints[name]
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
     rules = sharding.ShardingRules(layers="data")  # also splits the stacked layer axis: per-layer reads
     model, params = load_pretrained(directory, mesh=mesh, rules=rules)
     _, reference = tiny_loaded[name]
-    expected = sharding.param_shardings(model.config, mesh, rules)
+    expected = models.param_shardings(model.config, mesh, rules)
     assert any(len(a.sharding.spec) and a.sharding.spec[0] == "data" for a in jax.tree.leaves(params))
     _assert_sharded_like(params, expected, reference)
     ids, mask = (jnp.asarray(x) for x in padded_batch)

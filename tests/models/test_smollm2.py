@@ -58,18 +58,22 @@ def test_bfloat16_compute_close_to_float32(smollm2):
 
 
 def test_closed_book_greedy_equals_transformers_generate(smollm2, smollm2_hf_reference):
-    """launch/closed_book's jitted prefill + KV-cache loop reproduces transformers' greedy tokens (batched, left
-    padded, two prompts of different lengths)."""
+    """launch/closed_book answers through searchjax.generation (batched, left padded, two prompts of different
+    lengths): the tokens equal transformers' greedy tokens, and the printed answers are their decoded text."""
     import torch
-    from launch.closed_book import greedy_generate
+    from launch.closed_book import answer_closed_book
+    from searchjax import generation
     model, params, tokenizer = smollm2
     questions = ["What is the capital of France?", "Name a famous painting by Leonardo da Vinci."]
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}])) for q in questions]
-    ours = greedy_generate(model, params, prompts, max_new_tokens=12, eos_ids=tokenizer.eos_token_ids,
-                           pad_id=tokenizer.pad_token_id, bucket=16)
-    for prompt, generated in zip(prompts, ours):
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": q}],
+                                                              add_generation_prompt=True)) for q in questions]
+    ours = generation.generate(model, params, prompts, max_new_tokens=12, tokenizer=tokenizer)
+    answers = answer_closed_book(model, params, tokenizer, questions, max_new_tokens=12)
+    for prompt, generated, answer in zip(prompts, ours, answers):
         with torch.no_grad():
             reference = smollm2_hf_reference.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
                                                       eos_token_id=list(tokenizer.eos_token_ids),
                                                       pad_token_id=tokenizer.pad_token_id)
-        assert generated == reference[0, len(prompt):].tolist()
+        expected = reference[0, len(prompt):].tolist()
+        assert generated.token_ids == expected
+        assert answer == tokenizer.decode(expected, skip_special_tokens=True).strip()

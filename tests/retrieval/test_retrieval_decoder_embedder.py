@@ -38,7 +38,7 @@ def tiny_qwen3_embedder_dir(tmp_path_factory):
 
 def test_last_token_pooling_matches_transformers(tiny_qwen3_embedder_dir):
     import torch
-    from searchjax.models.encoder import load_decoder_embedder
+    from searchjax.models.decoder_embedder import load_decoder_embedder
     directory, model, hf_tokenizer = tiny_qwen3_embedder_dir
     embedder = load_decoder_embedder(directory, name="tiny-qwen3-embedding", task=TASK, max_length=128, batch_size=4)
     eos = hf_tokenizer.convert_tokens_to_ids("<|endoftext|>")

@@ -6,7 +6,8 @@ import shutil
 import numpy as np
 import pytest
 
-from searchjax.models.encoder import length_bucket, load_encoder, plan_batches
+from searchjax.models.embedding import length_bucket, plan_batches
+from searchjax.models.encoder import load_encoder
 
 
 def _cosine_rows(a, b):

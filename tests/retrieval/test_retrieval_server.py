@@ -112,8 +112,14 @@ def test_http_and_in_process_retrievers_agree(dense_server, dense_sample_index):
         assert [[(h.id, h.title, h.text) for h in r] for r in got] == [[(h.id, h.title, h.text) for h in r] for r in want]
         np.testing.assert_allclose([[h.score for h in r] for r in got], [[h.score for h in r] for r in want],
                                    atol=1e-5)
-        with pytest.raises(RetrieverRequestError, match="HTTP 413"):
-            remote.search(["q"] * 9, 3)
+        # 9 queries exceed this server's limit of 8: the client learns the limit from /health and splits.
+        requests_before = server.app.state.batcher.stats["requests"]
+        many = ["river", "painter", "war", "mountain", "physicist", "composer", "empire", "capital", "ocean"]
+        assert [[h.id for h in r] for r in remote.search(many, 2)] == \
+            [[h.id for h in r] for r in local.search(many, 2)]
+        assert server.app.state.batcher.stats["requests"] - requests_before == 2
+        with pytest.raises(RetrieverRequestError, match="HTTP 413"):     # a query over 200 characters
+            remote.search(["q" * 201], 3)
         with pytest.raises(TypeError, match="list of queries"):
             remote.search("a single string", 3)
 

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from searchjax.agent.protocol import build_user_prompt
+from searchjax.data import qa_datasets
 from searchjax.eval import benchmarks
 
 
@@ -27,7 +28,7 @@ def test_search_r1_parquet_reader(tmp_path):
     _write_search_r1_parquet(path, [_search_r1_row("who wrote hamlet", ["Shakespeare", "William Shakespeare"], "nq", 0),
                                     _search_r1_row("Where is the Louvre?", ["Paris"], "hotpotqa", 0),
                                     _search_r1_row("what is 6 x 7", ["42"], "nq", 1)])
-    prompts = benchmarks.load_benchmark(str(path))
+    prompts = qa_datasets.load_benchmark(str(path))
     assert [(p.uid, p.question, p.golden_answers, p.data_source) for p in prompts] == [
         ("nq/0", "who wrote hamlet?", ("Shakespeare", "William Shakespeare"), "nq"),
         ("hotpotqa/0", "Where is the Louvre?", ("Paris",), "hotpotqa"),
@@ -38,11 +39,11 @@ def test_search_r1_parquet_reader(tmp_path):
     row["reward_model"] = {"style": "rule", "ground_truth": {"other": ["a"]}}
     _write_search_r1_parquet(bad, [row])
     with pytest.raises(ValueError, match=r"bad\.parquet row 0: missing field 'reward_model\.ground_truth\.target'"):
-        benchmarks.read_search_r1_parquet(bad)
+        qa_datasets.read_search_r1_parquet(bad)
     dup = tmp_path / "dup.parquet"
     _write_search_r1_parquet(dup, [_search_r1_row("q", ["a"], "nq", 3), _search_r1_row("r", ["b"], "nq", 3)])
     with pytest.raises(ValueError, match=r"dup\.parquet: rows 0 and 1 .*'nq/3'"):
-        benchmarks.read_search_r1_parquet(dup)
+        qa_datasets.read_search_r1_parquet(dup)
 
 
 def test_flashrag_jsonl_reader(tmp_path):
@@ -52,23 +53,23 @@ def test_flashrag_jsonl_reader(tmp_path):
                                 "golden_answers": ["Leonardo da Vinci", "Leonardo"]}) + "\n\n"
                     + json.dumps({"id": "test_1", "question": " Year of the moon landing ", "golden_answers": [1969]})
                     + "\n")
-    prompts = benchmarks.load_benchmark(str(path))
+    prompts = qa_datasets.load_benchmark(str(path))
     assert [(p.uid, p.question, p.golden_answers, p.data_source) for p in prompts] == [
         ("triviaqa/test_0", "Who painted the Mona Lisa?", ("Leonardo da Vinci", "Leonardo"), "triviaqa"),
         ("triviaqa/test_1", "Year of the moon landing", ("1969",), "triviaqa")]
-    assert benchmarks.load_benchmark(str(path), data_source="tqa")[0].uid == "tqa/test_0"
+    assert qa_datasets.load_benchmark(str(path), data_source="tqa")[0].uid == "tqa/test_0"
 
     bad = tmp_path / "popqa.jsonl"
     bad.write_text(json.dumps({"id": "1", "question": "q", "golden_answers": ["a"]}) + "\n"
                    + json.dumps({"id": "2", "question": "r"}) + "\n")
     with pytest.raises(ValueError, match=r"popqa\.jsonl:2: missing field 'golden_answers'"):
-        benchmarks.read_flashrag_jsonl(bad)
+        qa_datasets.read_flashrag_jsonl(bad)
     with pytest.raises(ValueError, match="expected 'default', a Search-R1 .parquet"):
-        benchmarks.load_benchmark(str(tmp_path / "data.csv"))
+        qa_datasets.load_benchmark(str(tmp_path / "data.csv"))
 
 
 def test_default_benchmark():
-    prompts = benchmarks.load_benchmark("default")
+    prompts = qa_datasets.load_benchmark("default")
     assert len(prompts) == 75 and len({p.uid for p in prompts}) == 75
     assert all(p.uid.startswith("fanoutqa/") and p.data_source == "fanoutqa" and p.golden_answers for p in prompts)
 

@@ -4,7 +4,9 @@ import importlib.util
 import json
 import pathlib
 
+from searchjax.data import qa_datasets
 from searchjax.eval import benchmarks
+from searchjax.experiment import evaluation
 from searchjax.eval.metrics import is_valid_answer
 from searchjax.rewards.qa import exact_match, f1_score
 
@@ -28,10 +30,10 @@ def test_evaluate_writes_predictions_and_table(tmp_path, capsys):
     config.rollout.max_new_tokens_per_turn = 16
     config.rollout.max_obs_tokens = 64
     config.rollout.max_cache_len = 352  # 256 (prompt) + 2 turns x 16 + one 64-slot observation block
-    rows = benchmarks.run_from_config(config, tmp_path)
+    rows = evaluation.run_from_config(config, tmp_path)
 
     records = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
-    questions = benchmarks.default_prompts()[:3]
+    questions = qa_datasets.default_prompts()[:3]
     assert [(r["id"], r["question"], r["golds"]) for r in records] == [
         (p.uid, p.question, list(p.golden_answers)) for p in questions]
     for r in records:

@@ -1,7 +1,7 @@
 """The rollout loop driven by scripted policies (a logits_fn forcing known outputs) on a tiny random model.
 
 Expected values are written out by hand from the scripts: which turns search, what the retriever is asked,
-which tokens are observations, and the DESIGN.md metrics of the batch.
+which tokens are observations, and the metrics of docs/architecture.md of the batch.
 """
 
 import dataclasses

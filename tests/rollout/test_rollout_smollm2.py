@@ -13,7 +13,7 @@ from retrieval import default_index
 from retrieval.client import InProcessRetriever
 from searchjax.agent import protocol
 from searchjax.agent.rollout import TRUNCATION_MARKER, RolloutConfig, rollout
-from searchjax.eval.benchmarks import default_prompts
+from searchjax.data.qa_datasets import default_prompts
 from searchjax.scoring import token_logprobs
 
 

@@ -7,7 +7,8 @@ from jax.sharding import PartitionSpec as P
 
 from searchjax.models import init_params, load_pretrained
 from searchjax.scoring import answer_logliks, token_logprobs
-from searchjax.sharding import init_params_sharded, make_mesh
+from searchjax.models import init_params_sharded
+from searchjax.sharding import make_mesh
 
 TOL = 1e-5
 

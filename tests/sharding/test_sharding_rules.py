@@ -4,9 +4,9 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from searchjax.models import ModelConfig
+from searchjax.models import ModelConfig, param_shardings
 from searchjax.sharding import (ShardingRules, batch_shard_count, batch_sharding, flax_axis_rules, logical_to_spec,
-                                make_mesh, param_shardings)
+                                make_mesh)
 
 
 def test_logical_to_spec_default_rules():

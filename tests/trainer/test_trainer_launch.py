@@ -10,7 +10,7 @@ import sys
 
 import jax
 import numpy as np
-from conftest import tiny_model_config
+from trainer_fakes import tiny_model_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,7 @@ def test_launch_train_runs_one_step_with_sft_warm_start(task_tokenizer, tmp_path
     # through a partial restore, equal the HF export written at the same step (an independent format and
     # reader), and differ from the initial weights (the update changed them).
     from searchjax.models import load_pretrained
-    from searchjax.rl import setup
+    from searchjax.experiment import setup
     assert setup.is_train_workdir(str(workdir)) and not setup.is_train_workdir(str(model_dir))
     model, params, loaded_tokenizer = setup.load_policy(str(workdir))
     _, exported = load_pretrained(workdir / "hf" / "step_000001")

@@ -37,7 +37,8 @@ import pytest
 import trainer_synthetic_task as task
 from test_trainer_resume import load_config_module
 
-from searchjax.rl import loop, setup, sft
+from searchjax.rl import sft
+from searchjax.experiment import loop, setup
 
 MARGIN = 0.35
 FIRST, LAST = 1, 6  # windows (steps); the first step's reward is the warm-started policy's

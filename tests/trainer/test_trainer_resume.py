@@ -10,9 +10,10 @@ import types
 import jax
 import numpy as np
 import pytest
-from conftest import TestPrompt, fake_rollout
+from trainer_fakes import TestPrompt, fake_rollout
 
-from searchjax.rl import checkpoint, loop, trainer
+from searchjax.rl import checkpoint, trainer
+from searchjax.experiment import loop
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

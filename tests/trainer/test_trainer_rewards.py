@@ -2,10 +2,10 @@
 
 import numpy as np
 import pytest
-from conftest import TestPrompt, TestTrajectory
+from trainer_fakes import TestPrompt, TestTrajectory
 
 from searchjax.rewards.base import RewardOutput, exact_match_reward, f1_reward
-from searchjax.rl import loop
+from searchjax.experiment import loop
 
 
 def _trajectory(uid, answer, golds=("Barack Obama",), hops=0):

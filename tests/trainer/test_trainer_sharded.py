@@ -3,10 +3,11 @@
 import jax
 import numpy as np
 import optax
-from conftest import random_trajectories
+from trainer_fakes import random_trajectories
 
 from searchjax.rl import batching, trainer
-from searchjax.sharding import make_mesh, param_shardings
+from searchjax.models import param_shardings
+from searchjax.sharding import make_mesh
 
 
 def _policy_batch(model, params):

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TestPrompt, TestTrajectory, random_trajectories
+from trainer_fakes import TestPrompt, TestTrajectory, random_trajectories
 
 from searchjax.rl import batching, trainer
 

@@ -20,9 +20,17 @@ search, `rollout.search = False`, HRPO over hop labels).
 
 Outputs under `workdir`: checkpoints/ (orbax, `checkpoint.py`), metrics.jsonl (one JSON object per step),
 tb/ (TensorBoard), trajectories/step_XXXXXX.jsonl (sampled trajectories, with token ids, reusable as SFT
-demonstrations), hf/step_XXXXXX/ (optional HF export). SIGTERM finishes the current step, saves a
-checkpoint and returns; `resume=True` continues from the latest checkpoint exactly (same parameters,
-optimizer state, PRNG key and data position, so the same trajectories and metrics as an uninterrupted run).
+demonstrations), hf/step_XXXXXX/ (optional HF export: weights, tokenizer, generation config). SIGTERM finishes the current
+step, saves a checkpoint and returns; `resume=True` continues from the latest checkpoint exactly (same
+parameters, optimizer state, PRNG key and data position, so the same trajectories and metrics as an
+uninterrupted run). Which workdirs a run may start or resume in, and how the logs survive a kill:
+searchjax/experiment/run_dir.py.
+
+Faults inside a run: an update whose loss or gradient is not finite is skipped by the trainer's guard
+(searchjax/rl/trainer.py); a step whose rewards are not all finite skips its update too (counted the same
+way: `update/skipped_total` grows by the step's updates). A step is "skipped" when no update of it was
+applied; `config.max_consecutive_skipped_steps` of them in a row (0 = never) stop the run with
+SkippedStepsError (no checkpoint of the skipped steps is written; resume from the last one after the fix).
 """
 
 from __future__ import annotations
@@ -34,31 +42,22 @@ import os
 import pathlib
 import signal
 import time
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
 
+from searchjax.experiment import run_dir, setup
+from searchjax.experiment.setup import Components  # noqa: F401  (re-exported: loop.Components)
 from searchjax.rewards.base import RewardOutput, exact_match_reward, f1_reward
 from searchjax.rl import advantages as adv_lib
 from searchjax.rl import batching, checkpoint, trainer
 
 
 # ------------------------------------------------------------------------------------------------------
-# What a run is made of; `build_components(config)` assembles it from the config, tests pass their own.
+# What a run is made of (searchjax.experiment.setup.Components); `build_components(config)` assembles it from the
+# config, tests pass their own.
 # ------------------------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class Components:
-    model: Any  # searchjax.models.Transformer
-    params: Any  # initial policy parameters (placed on the mesh)
-    tokenizer: Any  # searchjax.tokenization.Tokenizer
-    retriever: Any  # anything with .search(queries, topk) -> list[list[Hit]]
-    train_prompts: list  # list[searchjax.agent.rollout.Prompt]
-    eval_prompts: list
-    demonstrations: list = dataclasses.field(default_factory=list)  # SFT warm-start trajectories
-    mesh: Any = None
-
-
 def search_agent_rollout(components: Components, params, prompts: list, rollout_cfg: dict, seed: int) -> list:
     """Search-R1 rollouts through `searchjax.agent.rollout.rollout` (multi-turn, or single turn with search=False).
 
@@ -81,7 +80,7 @@ def _imported(module: str, name: str) -> Callable:
 # (components, policy params, prompts, config.rollout as a dict, seed) -> trajectories, prompt-major.
 ROLLOUT_FNS: dict[str, Callable] = {
     "search_agent": search_agent_rollout,
-    "drfree_proposer": _imported("searchjax.drfree.selfplay", "proposer_rollout_fn"),  # single turn, no search
+    "drfree_proposer": _imported("searchjax.experiment.selfplay", "proposer_rollout_fn"),  # single turn, no search
 }
 
 
@@ -98,8 +97,16 @@ REWARD_FNS: dict[str, Callable] = {
     "f1": fixed_reward(f1_reward),
     "eviback": _imported("searchjax.rewards.eviback", "build_eviback_reward"),
     "ccs": _imported("searchjax.rewards.cycle", "build_ccs_reward"),
-    "drfree_information_gain": _imported("searchjax.drfree.selfplay", "build_information_gain_reward"),
-    "drzero_difficulty": _imported("searchjax.drfree.selfplay", "build_difficulty_reward"),
+    "drfree_information_gain": _imported("searchjax.experiment.selfplay", "build_information_gain_reward"),
+    "drzero_difficulty": _imported("searchjax.experiment.selfplay", "build_difficulty_reward"),
+    "drfree_ig_difficulty": _imported("searchjax.experiment.selfplay", "build_ig_difficulty_reward"),  # ablation
+    # CCS's gold-free baselines. rlif reads the old-policy pass's logits (RewardFn.needs_self_certainty).
+    "rlif": _imported("searchjax.rewards.rlif", "build_rlif_reward"),
+    "ttrl": _imported("searchjax.rewards.ttrl", "build_ttrl_reward"),
+    "constitutional_judge": _imported("searchjax.rewards.constitutional_judge", "build_cj_reward"),
+    # A reward built from the ones above by config.compose.spec (searchjax.rewards.compose), e.g. "eviback(ccs)".
+    "compose": lambda config, components, workdir: _imported("searchjax.rewards.compose", "build_composed_reward")(
+        config, components, workdir, table=REWARD_FNS),
 }
 
 
@@ -155,7 +162,7 @@ def prompt_batch(prompts: Sequence, position: int, batch_size: int, seed: int) -
 # Metrics and logging
 # ------------------------------------------------------------------------------------------------------
 def rollout_metrics(trajectories: Sequence) -> dict[str, float]:
-    """DESIGN.md's trajectory metrics (searchjax.eval.metrics) plus lengths."""
+    """The trajectory metrics of docs/architecture.md (searchjax.eval.metrics) plus lengths."""
     from searchjax.eval.metrics import TrajectoryRecord, trajectory_metrics
     records = [TrajectoryRecord(queries=tuple(t.queries), answer=t.answer, forced=t.forced_termination)
                for t in trajectories]
@@ -204,25 +211,22 @@ def _mean_metrics(rows: list[dict]) -> dict[str, float]:
 
 
 class MetricWriter:
-    """metrics.jsonl + TensorBoard. On resume, rows after the restored step are dropped (they were never checkpointed)."""
+    """metrics.jsonl + TensorBoard. On resume, every step log of the workdir loses a torn last line and the rows
+    after the restored step (they were never checkpointed), rewritten atomically (run_dir.trim_logs_to_step)."""
 
     def __init__(self, workdir: pathlib.Path, start_step: int, enabled: bool):
         self.enabled = enabled
         self.path = workdir / "metrics.jsonl"
         if not enabled:
             return
-        if self.path.exists():
-            keep = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= start_step]
-            self.path.write_text("".join(line + "\n" for line in keep))
+        run_dir.trim_logs_to_step(workdir, start_step)
         from tensorboardX import SummaryWriter
         self.tb = SummaryWriter(str(workdir / "tb"))
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
-        with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, **metrics}, sort_keys=True) + "\n")
+        run_dir.append_jsonl(self.path, {"step": step, **metrics})
         for key, value in metrics.items():
             self.tb.add_scalar(key, value, step)
         self.tb.flush()
@@ -236,10 +240,9 @@ def dump_trajectories(path: pathlib.Path, step: int, trajectories: Sequence, rew
                       advantages: np.ndarray, limit: int) -> None:
     """The first `limit` trajectories of the step (-1 = all) as jsonl, token ids included."""
     chosen = list(trajectories) if limit < 0 else list(trajectories)[:limit]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w") as f:
-        for t, r, a in zip(chosen, rewards, advantages):
-            f.write(json.dumps({
+    lines = []
+    for t, r, a in zip(chosen, rewards, advantages):
+        lines.append(json.dumps({
                 "step": step, "uid": t.prompt.uid, "sample_index": t.sample_index, "question": t.prompt.question,
                 "golden_answers": list(t.prompt.golden_answers), "data_source": t.prompt.data_source,
                 "hops": t.prompt.hops, "response_text": t.response_text, "answer": t.answer, "reward": float(r),
@@ -248,6 +251,7 @@ def dump_trajectories(path: pathlib.Path, step: int, trajectories: Sequence, rew
                 "prompt_ids": [int(i) for i in t.prompt_ids], "response_ids": [int(i) for i in t.response_ids],
                 "loss_mask": [int(m) for m in t.loss_mask],
                 "sampler_logprobs": [float(x) for x in t.sampler_logprobs]}) + "\n")
+    run_dir.atomic_write_text(path, "".join(lines))  # a re-run step after a resume replaces its file whole
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -269,28 +273,37 @@ def loss_config(config) -> trainer.LossConfig:
 
 
 def validate(config, mesh) -> None:
-    """Batch-size arithmetic, checked before anything expensive runs."""
+    """Batch-size arithmetic on the run's mesh (the launchers check the whole config earlier, before any
+    load: searchjax/experiment/validate.py)."""
+    from searchjax.experiment.validate import check_batch_arithmetic
     from searchjax.sharding import batch_shard_count
-    n = config.prompts_per_step * config.rollout.group_size
-    u = config.batch
-    if u.mini_batch_size < 1 or n % u.mini_batch_size:
-        raise ValueError(f"config.batch.mini_batch_size={u.mini_batch_size} must divide the "
-                         f"{n} trajectories per step (prompts_per_step x rollout.group_size)")
-    if u.micro_batch_size < 1 or u.mini_batch_size % u.micro_batch_size:
-        raise ValueError(f"config.batch.micro_batch_size={u.micro_batch_size} must divide "
-                         f"batch.mini_batch_size={u.mini_batch_size}")
-    shards = batch_shard_count(mesh)
-    if u.micro_batch_size % shards:
-        raise ValueError(f"config.batch.micro_batch_size={u.micro_batch_size} must be a multiple of the mesh's "
-                         f"{shards} batch shards (data x fsdp)")
+    check_batch_arithmetic(config, batch_shard_count(mesh))
+
+
+class SkippedStepsError(RuntimeError):
+    """config.max_consecutive_skipped_steps steps in a row applied no update (non-finite rewards or losses)."""
+
+
+DEFAULT_MAX_SKIPPED_STEPS = 10  # for configs without the field
+
+
+def _all_processes(flag: bool) -> bool:
+    """True when `flag` holds on every process (each process scores only its own trajectories)."""
+    from searchjax import distributed
+    return bool(np.all(distributed.allgather(np.asarray([flag], bool))))
 
 
 def train(config, workdir: str | os.PathLike, *, resume: bool = False,
           components: Components | None = None) -> dict[str, float]:
     """Run `config.total_steps` RL steps (or continue them); returns the last step's metrics."""
-    from searchjax.rl import setup, sft
+    from searchjax.experiment import validate as checks
+    from searchjax.rl import sft
     workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    if components is None:
+        checks.check_names(config)  # before the expensive build (tests pass their own components and tables)
+    fingerprints = run_dir.accept(workdir, config, resume=resume)  # before anything loads or is written
+    if jax.process_index() == 0:
+        run_dir.record(workdir, config, fingerprints)
     components = components or setup.build_components(config)
     mesh = components.mesh if components.mesh is not None else setup.make_mesh_from_config(config.mesh)
     validate(config, mesh)
@@ -306,16 +319,13 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
                                         keep_reference=keep_reference)
     manager = checkpoint.make_manager(workdir / "checkpoints", max_to_keep=config.checkpoint.max_to_keep)
     is_main = jax.process_index() == 0
-    if not resume and checkpoint.latest_step(manager) is not None:  # never mix two runs' checkpoints
-        raise FileExistsError(f"{workdir / 'checkpoints'} already holds a run (latest step "
-                              f"{checkpoint.latest_step(manager)}): pass --resume to continue it, or a new --workdir")
-
-    if resume and checkpoint.latest_step(manager) is not None:
+    if resume:  # run_dir.accept made sure there is a checkpoint
         abstract = jax.eval_shape(lambda p: trainer.init_train_state(p, optimizer, master_dtype=master_dtype,
                                                                      keep_reference=keep_reference), params)
         state, loop_state, start = checkpoint.restore(manager, checkpoint.abstract_like(abstract, shardings))
         rng = np.asarray(loop_state["rng"], np.uint32)
         position = int(loop_state["data_position"])
+        skipped_in_row = int(loop_state.get("skipped_in_row", 0))
     else:
         if config.sft.steps > 0 and not components.demonstrations:
             raise ValueError(f"config.sft.steps={config.sft.steps} but there are no demonstrations "
@@ -324,13 +334,14 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
             params, history = sft.warm_start(config, model, params, pshard, mesh, components.demonstrations,
                                              pad_id=tokenizer.pad_token_id)
             if is_main:
-                (workdir / "sft.jsonl").write_text("".join(json.dumps({"step": i + 1, **h}) + "\n"
-                                                           for i, h in enumerate(history)))
+                run_dir.write_jsonl(workdir / "sft.jsonl", ({"step": i + 1, **h} for i, h in enumerate(history)))
         state = trainer.init_train_state(params, optimizer, master_dtype=master_dtype,
                                          keep_reference=keep_reference, shardings=shardings)
         start, rng, position = 0, np.asarray(jax.random.key_data(jax.random.key(config.seed)), np.uint32), 0
+        skipped_in_row = 0
     del params
 
+    max_skipped = config.get("max_consecutive_skipped_steps", DEFAULT_MAX_SKIPPED_STEPS)
     rollout_fn = _lookup(ROLLOUT_FNS, config.rollout_fn, "rollout_fn")
     reward_fn = _lookup(REWARD_FNS, config.reward_fn, "reward_fn")(config, components, workdir)
     eval_reward_fn = (reward_fn if config.eval_reward_fn == config.reward_fn else
@@ -344,6 +355,7 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
     logprob_fn = trainer.make_logprob_fn(model, lcfg.temperature, mesh=mesh, param_shardings=pshard)
     u = config.batch
     writer = MetricWriter(workdir, start, enabled=is_main)
+    updates_per_step = u.epochs * -(-config.prompts_per_step * config.rollout.group_size // u.mini_batch_size)
     flag, restore_handler = _flag_on_sigterm()
     progress = _progress(config, start)
     metrics: dict[str, float] = {}
@@ -362,45 +374,66 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
             t0 = time.perf_counter()
             reward = reward_fn(trajectories)
             t_reward = time.perf_counter() - t0
-            advantages = advantage_fn(reward.rewards, trajectories, config.advantage)
-            if reward.advantage_overrides:
-                advantages = adv_lib.apply_group_overrides(advantages, [t.prompt.uid for t in trajectories],
-                                                           reward.advantage_overrides)
+            rewards = np.asarray(reward.rewards)
+            finite_rewards = _all_processes(bool(np.isfinite(rewards).all()))
+            t_logprob = t_update = 0.0
+            if finite_rewards:
+                advantages = advantage_fn(reward.rewards, trajectories, config.advantage)
+                if reward.advantage_overrides:
+                    advantages = adv_lib.apply_group_overrides(advantages, [t.prompt.uid for t in trajectories],
+                                                               reward.advantage_overrides)
 
-            batch = batching.make_batch(trajectories, advantages, pad_id=tokenizer.pad_token_id,
-                                        prompt_buckets=config.batch.prompt_buckets,
-                                        response_buckets=config.batch.response_buckets,
-                                        row_multiple=u.mini_batch_size)
-            tail = batching.loss_columns(batch)
-            t0 = time.perf_counter()
-            batch["old_logprobs"] = trainer.batch_logprobs(logprob_fn, state.params, batch, u.micro_batch_size, mesh,
-                                                           tail=tail)
-            if keep_reference:
-                batch["ref_logprobs"] = trainer.batch_logprobs(logprob_fn, state.ref_params, batch, u.micro_batch_size,
+                batch = batching.make_batch(trajectories, advantages, pad_id=tokenizer.pad_token_id,
+                                            prompt_buckets=config.batch.prompt_buckets,
+                                            response_buckets=config.batch.response_buckets,
+                                            row_multiple=u.mini_batch_size)
+                tail = batching.loss_columns(batch)
+                t0 = time.perf_counter()
+                batch["old_logprobs"] = trainer.batch_logprobs(logprob_fn, state.params, batch, u.micro_batch_size,
                                                                mesh, tail=tail)
-            t_logprob = time.perf_counter() - t0
-            mismatch = logprob_mismatch(batch.pop("sampler_logprobs"), batch["old_logprobs"], batch["loss_mask"])
-            mismatch["rollout/entropy_mc"] = sampled_entropy(batch["old_logprobs"], batch["loss_mask"])
+                if keep_reference:
+                    batch["ref_logprobs"] = trainer.batch_logprobs(logprob_fn, state.ref_params, batch,
+                                                                   u.micro_batch_size, mesh, tail=tail)
+                t_logprob = time.perf_counter() - t0
+                mismatch = logprob_mismatch(batch.pop("sampler_logprobs"), batch["old_logprobs"], batch["loss_mask"])
+                mismatch["rollout/entropy_mc"] = sampled_entropy(batch["old_logprobs"], batch["loss_mask"])
 
-            t0 = time.perf_counter()
-            update_rows = []
-            for _ in range(u.epochs):
-                for mini in batching.split_rows(batch, u.mini_batch_size):
-                    stacked = batching.stack_micro_batches(mini, u.micro_batch_size)
-                    state, m = step_fn(state, trainer.place_batch(stacked, mesh, stacked=True), tail)
-                    update_rows.append(m)
-            update_rows = [{k: float(v) for k, v in jax.device_get(m).items()} for m in update_rows]
-            t_update = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                update_rows = []
+                for _ in range(u.epochs):
+                    for mini in batching.split_rows(batch, u.mini_batch_size):
+                        stacked = batching.stack_micro_batches(mini, u.micro_batch_size)
+                        state, m = step_fn(state, trainer.place_batch(stacked, mesh, stacked=True), tail)
+                        update_rows.append(m)
+                update_rows = [{k: float(v) for k, v in jax.device_get(m).items()} for m in update_rows]
+                t_update = time.perf_counter() - t0
+                skipped = all(r["update_skipped"] >= 1.0 for r in update_rows)
+                reason = "non-finite loss or gradient in every update"
+                update_metrics = {f"update/{k}": v for k, v in _mean_metrics(update_rows).items()}
+            else:  # no advantage of a NaN reward is meaningful: skip the update, counted as the guard counts
+                advantages, mismatch = np.zeros(rewards.shape, np.float32), {}
+                state = state.replace(step=jax.device_put(state.step + updates_per_step, shardings.step),
+                                      skipped=jax.device_put(state.skipped + updates_per_step, shardings.skipped))
+                skipped = True
+                reason = f"non-finite reward ({int(np.sum(~np.isfinite(rewards)))} of {rewards.size} on this process)"
+                update_metrics = {"update/update_skipped": 1.0, "update/skipped_total": float(jax.device_get(state.skipped))}
+            skipped_in_row = skipped_in_row + 1 if skipped else 0
 
             metrics = {f"reward/{k}": float(v) for k, v in reward.metrics.items()}
-            metrics.update({"reward/mean": float(reward.rewards.mean()), "advantage/abs_mean":
-                            float(np.abs(advantages).mean()), **rollout_metrics(trajectories), **mismatch})
-            metrics.update({f"update/{k}": v for k, v in _mean_metrics(update_rows).items()})
+            good = rewards[np.isfinite(rewards)]
+            metrics.update({"reward/mean": float(good.mean()) if good.size else 0.0,
+                            "reward/std": float(good.std()) if good.size else 0.0,
+                            "reward/nonfinite": float(rewards.size - good.size),
+                            "advantage/abs_mean": float(np.abs(advantages).mean()),
+                            "step/skipped": float(skipped), "step/skipped_in_row": float(skipped_in_row),
+                            **rollout_metrics(trajectories), **mismatch, **update_metrics})
             metrics.update({"time/rollout": t_rollout, "time/reward": t_reward, "time/old_logprob": t_logprob,
                             "time/update": t_update})
             if config.eval.every > 0 and step % config.eval.every == 0:
                 metrics.update(evaluate(config, components, state.params, rollout_fn, eval_reward_fn, rollout_cfg))
             metrics["time/step"] = time.perf_counter() - t_step
+            metrics["perf/tokens_per_s"] = sum(len(t.prompt_ids) + len(t.response_ids)
+                                               for t in trajectories) / metrics["time/step"]
             metrics["host/peak_rss_gib"] = peak_rss_gib()
             writer.write(step, metrics)
             if is_main and config.logging.trajectories_per_step != 0:
@@ -408,11 +441,19 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
                                   reward.rewards, advantages, config.logging.trajectories_per_step)
             progress.update(1)
             progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}", refresh=False)
+            if is_main:
+                progress.write(step_line(step, config.total_steps, metrics, reason if skipped else ""))
+            if max_skipped and skipped_in_row >= max_skipped:
+                raise SkippedStepsError(
+                    f"stopped at step {step}: {skipped_in_row} consecutive steps applied no update (the last: "
+                    f"{reason}; config.max_consecutive_skipped_steps={max_skipped}); the newest checkpoint is "
+                    f"step {checkpoint.latest_step(manager)}: fix the cause, then --resume")
             stop = flag["stop"]
             if stop or step == config.total_steps or (config.checkpoint.every > 0 and step % config.checkpoint.every == 0):
-                checkpoint.save(manager, step, state, {"rng": rng.tolist(), "data_position": position, "step": step})
-                if config.checkpoint.export_hf:
-                    checkpoint.export_hf(model, state.params, workdir / "hf" / f"step_{step:06d}")
+                checkpoint.save(manager, step, state, {"rng": rng.tolist(), "data_position": position, "step": step,
+                                                       "skipped_in_row": skipped_in_row})
+                if config.checkpoint.export_hf:  # every process takes part (the weights are gathered)
+                    checkpoint.export_hf(model, state.params, workdir / "hf" / f"step_{step:06d}", tokenizer=tokenizer)
             if stop:
                 break
     finally:
@@ -435,6 +476,21 @@ def evaluate(config, components: Components, params, rollout_fn, reward_fn, roll
     out = {"eval/reward": float(reward.rewards.mean())}
     out.update({f"eval/{k.split('/', 1)[1]}": v for k, v in rollout_metrics(trajectories).items()})
     return out
+
+
+def step_line(step: int, total: int, metrics: dict, skipped_reason: str = "") -> str:
+    """One console line of a step's key metrics (the full row is in metrics.jsonl / TensorBoard)."""
+    kl = metrics.get("update/kl/mean")
+    parts = [f"step {step}/{total}", f"reward {metrics['reward/mean']:.3f}\u00b1{metrics['reward/std']:.3f}",
+             f"valid {metrics.get('rollout/answer/valid_rate', float('nan')):.2f}",
+             f"searches {metrics.get('rollout/search/mean', float('nan')):.2f}",
+             f"kl {kl:.2e}" if kl is not None else "kl -", f"{metrics['time/step']:.1f}s",
+             f"{metrics['perf/tokens_per_s']:.0f} tok/s"]
+    if "eval/reward" in metrics:
+        parts.append(f"eval {metrics['eval/reward']:.3f}")
+    if skipped_reason:
+        parts.append(f"SKIPPED: {skipped_reason}")
+    return " | ".join(parts)
 
 
 def _progress(config, start: int):

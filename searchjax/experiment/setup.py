@@ -5,40 +5,32 @@ model, retriever or prompts construct `loop.Components` directly and skip this m
 
 Config fields read here (see configs/quickstart.py for their comments): mesh.{data,fsdp,tensor};
 model.{path,tokenizer,dtype,param_dtype,remat_policy} (path may also be a training workdir: `load_policy`);
-retrieval.{index,url}; data.{train,eval} (readers shared with evaluation: searchjax.eval.benchmarks).
+retrieval.{index,url}; data.{train,eval} (readers shared with evaluation: searchjax.data.qa_datasets).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pathlib
-from typing import Callable
+from typing import Any
 
 import jax
 
-from searchjax.eval.benchmarks import default_prompts  # noqa: F401  (re-exported: the embedded-default prompts)
+from searchjax.data.assets import MODEL_ALIASES, resolve_model_path
+from searchjax.data.qa_datasets import default_prompts  # noqa: F401  (re-exported: the embedded-default prompts)
 
-# Names usable as model.path besides a filesystem path: the embedded-default assets.
-MODEL_ALIASES: dict[str, Callable[[], pathlib.Path]] = {}
-
-
-def _smollm2() -> pathlib.Path:
-    from searchjax.data import assets
-    return assets.smollm2_gguf()
-
-
-MODEL_ALIASES["smollm2"] = _smollm2
-
-
-def resolve_model_path(path: str) -> pathlib.Path:
-    """A model.path value as a filesystem path (aliases: MODEL_ALIASES)."""
-    if path in MODEL_ALIASES:
-        return MODEL_ALIASES[path]()
-    resolved = pathlib.Path(path).expanduser()
-    if not resolved.exists():
-        raise FileNotFoundError(f"config.model.path={path!r}: no such file or directory (aliases: "
-                                f"{sorted(MODEL_ALIASES)})")
-    return resolved
+# What a run is made of; `build_components(config)` assembles it from the config, tests pass their own.
+@dataclasses.dataclass
+class Components:
+    model: Any  # searchjax.models.Transformer
+    params: Any  # initial policy parameters (placed on the mesh)
+    tokenizer: Any  # searchjax.tokenization.Tokenizer
+    retriever: Any  # anything with .search(queries, topk) -> list[list[Hit]]
+    train_prompts: list  # list[searchjax.agent.rollout.Prompt]
+    eval_prompts: list
+    demonstrations: list = dataclasses.field(default_factory=list)  # SFT warm-start trajectories
+    mesh: Any = None
 
 
 def is_train_workdir(path: str) -> bool:
@@ -50,13 +42,14 @@ def is_train_workdir(path: str) -> bool:
 
 
 def load_policy(path: str, *, dtype: str = "float32", param_dtype: str | None = None, tokenizer: str = "",
-                step: int = -1, mesh=None):
+                step: int = -1, mesh=None, progress: bool = False):
     """(model, params, tokenizer) from a model.path value: an HF dir, a .gguf file, an alias, or a training
     workdir of launch/train.py.
 
     A training workdir holds the base model's location in config.json (model.path, model.tokenizer) and
     orbax checkpoints: the model and tokenizer come from the base, the params from checkpoint `step`
     (-1 = the latest), cast to the model's param dtype. tokenizer: overrides the tokenizer location.
+    progress: a tqdm bar over the bytes of weights read.
     """
     import json
     from searchjax.models import load_pretrained
@@ -67,7 +60,8 @@ def load_policy(path: str, *, dtype: str = "float32", param_dtype: str | None = 
         if "path" not in base:
             raise ValueError(f"{workdir / 'config.json'}: no model.path (is {workdir} a launch/train.py workdir?)")
         model, params = load_pretrained(resolve_model_path(base["path"]), dtype=dtype,
-                                        param_dtype=param_dtype or base.get("param_dtype") or None, mesh=mesh)
+                                        param_dtype=param_dtype or base.get("param_dtype") or None, mesh=mesh,
+                                        progress=progress)
         from searchjax.rl import checkpoint
         from searchjax.rl.trainer import cast_tree
         abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
@@ -77,7 +71,7 @@ def load_policy(path: str, *, dtype: str = "float32", param_dtype: str | None = 
         tokenizer = tokenizer or base.get("tokenizer") or base["path"]
         return model, params, load_tokenizer(resolve_model_path(tokenizer))
     resolved = resolve_model_path(path)
-    model, params = load_pretrained(resolved, dtype=dtype, param_dtype=param_dtype, mesh=mesh)
+    model, params = load_pretrained(resolved, dtype=dtype, param_dtype=param_dtype, mesh=mesh, progress=progress)
     return model, params, load_tokenizer(resolve_model_path(tokenizer) if tokenizer else resolved)
 
 
@@ -90,7 +84,7 @@ def make_mesh_from_config(cfg):
 
 
 def param_shardings_for(model, mesh):
-    from searchjax.sharding import param_shardings
+    from searchjax.models import param_shardings
     return param_shardings(model.config, mesh)
 
 
@@ -99,26 +93,27 @@ def param_shardings_for(model, mesh):
 # ------------------------------------------------------------------------------------------------------
 def load_prompts(spec: str) -> list:
     """config.data.train / data.eval: "default" (the embedded default), a Search-R1 .parquet or FlashRAG .jsonl
-    file (`searchjax.eval.benchmarks.load_benchmark`: the readers evaluation uses), or "jsonl:<path>" for a
+    file (`searchjax.data.qa_datasets.load_benchmark`: the readers evaluation uses), or "jsonl:<path>" for a
     jsonl file of that format under another name."""
-    from searchjax.eval import benchmarks
+    from searchjax.data import qa_datasets
     if spec.startswith("jsonl:"):
-        return benchmarks.read_flashrag_jsonl(pathlib.Path(spec[len("jsonl:"):]).expanduser())
-    return benchmarks.load_benchmark(spec)
+        return qa_datasets.read_flashrag_jsonl(pathlib.Path(spec[len("jsonl:"):]).expanduser())
+    return qa_datasets.load_benchmark(spec)
 
 
 # ------------------------------------------------------------------------------------------------------
 # Retriever
 # ------------------------------------------------------------------------------------------------------
-def build_retriever(cfg):
+def build_retriever(cfg, *, progress: bool = False):
     """config.retrieval: url (a running /retrieve server) wins; else index "bm25" | "dense" (the embedded
-    default corpus) or a directory holding a built index (retrieval.open_index)."""
+    default corpus) or a directory holding a built index (retrieval.open_index). progress: a tqdm bar while
+    the default dense index's passages are encoded (minutes on a CPU, once: the index is cached)."""
     from retrieval.client import HttpRetriever, InProcessRetriever
     if cfg.url:
         return HttpRetriever(cfg.url)
     if cfg.index in ("bm25", "dense"):
         from retrieval import default_index
-        return InProcessRetriever(default_index(kind=cfg.index))
+        return InProcessRetriever(default_index(kind=cfg.index, progress=progress))
     if not cfg.index:
         raise ValueError("config.retrieval: set url (a retrieval server) or index (bm25 | dense | a directory)")
     from retrieval import open_index
@@ -126,18 +121,21 @@ def build_retriever(cfg):
 
 
 def build_components(config):
-    """loop.Components from the config: model and params on the mesh, tokenizer, retriever, prompts."""
+    """loop.Components from the config: model and params on the mesh, tokenizer, retriever, prompts.
+
+    The cheap parts (prompts, demonstrations) load first, so a bad data row fails before the model loads."""
     from searchjax.models import Transformer
-    from searchjax.rl.loop import Components
     from searchjax.rl.sft import load_demonstrations
+    from searchjax.distributed import process_shard  # multi-host: each process rolls out its own prompts
+    train_prompts, eval_prompts = load_prompts(config.data.train), load_prompts(config.data.eval)
+    demonstrations = load_demonstrations(config.sft.demonstrations) if config.sft.demonstrations else []
+    progress = bool(config.logging.progress_bar) and jax.process_index() == 0
     mesh = make_mesh_from_config(config.mesh)
     model, params, tokenizer = load_policy(config.model.path, dtype=config.model.dtype,
                                            param_dtype=config.model.param_dtype, tokenizer=config.model.tokenizer,
-                                           mesh=mesh)
+                                           mesh=mesh, progress=progress)
     model = Transformer(model.config.replace(remat_policy=config.model.remat_policy))
-    demonstrations = load_demonstrations(config.sft.demonstrations) if config.sft.demonstrations else []
-    from searchjax.distributed import process_shard  # multi-host: each process rolls out its own prompts
-    return Components(model=model, params=params, tokenizer=tokenizer, retriever=build_retriever(config.retrieval),
-                      train_prompts=process_shard(load_prompts(config.data.train)),
-                      eval_prompts=process_shard(load_prompts(config.data.eval)), demonstrations=demonstrations,
-                      mesh=mesh)
+    return Components(model=model, params=params, tokenizer=tokenizer,
+                      retriever=build_retriever(config.retrieval, progress=progress),
+                      train_prompts=process_shard(train_prompts), eval_prompts=process_shard(eval_prompts),
+                      demonstrations=demonstrations, mesh=mesh)
