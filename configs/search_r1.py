@@ -52,7 +52,11 @@ def get_config(arg: str = "qwen2.5-7b"):
     config = ml_collections.ConfigDict()
     config.seed = 0  # PRNG seed of rollouts and of the prompt order
     config.total_steps = 1005  # RL steps (Search-R1's total_training_steps)
+    config.max_consecutive_skipped_steps = 10  # stop after this many steps in a row applied no update (non-finite
+    # rewards or losses; 0 = never stop)
     config.prompts_per_step = 512  # questions per step (train_batch_size); x 5 rollouts = 2560 trajectories
+    config.max_failure_rate = 0.1  # stop the run when more than this fraction of a step's searches (after the
+    # client's retries) or of its EviBack Teacher requests failed: a dead service must not train on error text
 
     config.model = ml_collections.ConfigDict()
     config.model.path = MODELS[preset]  # HF directory (config.json + safetensors + tokenizer)
@@ -119,7 +123,8 @@ def get_config(arg: str = "qwen2.5-7b"):
     config.batch.micro_batch_size = 64  # ppo_micro_batch_size (trajectories per accumulation chunk)
     config.batch.epochs = 1  # ppo_epochs
     config.batch.prompt_buckets = (256, 512, 1024, 2048)  # max_start_length 2048
-    config.batch.response_buckets = (512, 1024, 2048, 4096)  # up to 4 x (500 + 500) response tokens
+    # Up to (4 + 1) x 500 generated (four searching turns and the answer turn) + 4 x 500 observation tokens = 4,500.
+    config.batch.response_buckets = (512, 1024, 2048, 4608)
 
     config.sft = ml_collections.ConfigDict()  # no warm start in the paper
     config.sft.demonstrations = ""  # jsonl of {prompt_ids, response_ids, loss_mask}; "" = none

@@ -6,8 +6,10 @@
 
 Modules: corpus (Passage, Hit, jsonl I/O, the default corpus, Search-R1 passage formatting), bm25
 (BM25Index), index (DenseIndex, index directories and manifests, open_index, default_index), server
-(FastAPI app with micro-batching), client (Retriever, InProcessRetriever, HttpRetriever).
-Encoders live in searchjax.models.encoder.
+(FastAPI app with micro-batching), client (Retriever, InProcessRetriever, HttpRetriever, probe), corpus_store
+(corpus fingerprints cached by file size and mtime), streamed (IVF-PQ built over streamed vectors, for
+wiki-18-size corpora), synthetic (seeded synthetic vectors for scale rehearsals). Encoders live in
+searchjax.models.encoder and searchjax.models.decoder_embedder.
 
 The public names below are resolved on first access (PEP 562), so `import retrieval` costs
 milliseconds: bm25s pulls in jax and scipy (about 2 s), which only code that builds or loads a BM25

@@ -7,13 +7,18 @@ e5-base-v2 with faiss `Flat` inner product). Approximate kinds trade recall for 
 - "flat":  IndexFlatIP, exact.
 - "hnsw":  IndexHNSWFlat (M neighbours per node), searched with efSearch candidates.
 - "ivfpq": IndexIVFPQ (nlist k-means cells, m sub-quantisers of nbits) probed in nprobe cells for
-           k * k_factor candidates by PQ distance, then re-ranked exactly by IndexRefineFlat.
+           k * k_factor candidates by PQ distance, then re-ranked exactly against the full vectors: by
+           IndexRefineFlat in memory (refine_store "memory"), or, for corpora whose vectors do not fit in
+           memory (wiki-18: 21M x 768 float32 is 64.5 GB), from refine.npy memory-mapped from disk
+           (refine_store "disk", written by `retrieval.streamed.build_streamed_ivfpq`).
 
 An index directory holds manifest.json, the index files and (unless built over an external corpus
 file) corpus.jsonl. The manifest records the retriever kind, index type, encoder description, dims,
 passage count and the corpus fingerprint (sha256 over ids and contents); `open_index` checks all of
 them against what it loads and against the encoder / corpus the caller expects, and refuses a
-mismatch with a message naming the field.
+mismatch with a message naming the field. The corpus file's fingerprint is cached beside the index,
+keyed by the file's size and mtime (`retrieval.corpus_store`), so opening an index re-hashes the corpus
+only after it changed; indexes built by the streamed builder also read passages lazily by byte offset.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
+from retrieval import corpus_store
 from retrieval.bm25 import BM25Index
 from retrieval.corpus import (Hit, Passage, atomic_write_text, corpus_fingerprint, default_corpus,
                               read_jsonl_corpus, write_jsonl_corpus)
@@ -65,10 +71,30 @@ class DenseIndexConfig:
                                        # x4 gave recall@10 0.78, x8 0.94, x16 0.998 at any nprobe in 4..32
     train_size: int = 65536            # vectors sampled to train IVF centroids and PQ codebooks
     seed: int = 0
+    refine_store: str = "memory"       # "memory": IndexRefineFlat; "disk": refine.npy, memory-mapped (streamed builds)
+    refine_dtype: str = "float32"      # refine.npy's dtype: "float16" halves the disk (scores within ~1e-3)
 
     def __post_init__(self):
         if self.kind not in DENSE_KINDS:
             raise ValueError(f"DenseIndexConfig.kind must be one of {DENSE_KINDS}, got {self.kind!r}")
+        if self.refine_store not in ("memory", "disk"):
+            raise ValueError(f"DenseIndexConfig.refine_store must be 'memory' or 'disk', got {self.refine_store!r}")
+        if self.refine_dtype not in ("float32", "float16"):
+            raise ValueError(f"DenseIndexConfig.refine_dtype must be 'float32' or 'float16', got {self.refine_dtype!r}")
+        if self.refine_store == "disk" and self.kind != "ivfpq":
+            raise ValueError("DenseIndexConfig.refine_store='disk' is for kind='ivfpq'")
+
+
+def ivfpq_shape(n: int, d: int, config: DenseIndexConfig, train_n: int | None = None) -> tuple[int, int, int]:
+    """(nlist, pq_m, nbits) for n vectors of dim d trained on train_n (default n) of them; zeros in the
+    config mean: nlist = min(4 sqrt(n), n / 39), pq_m = d / 8, nbits = 8 or fewer when train_n < 39 * 256."""
+    train_n = n if train_n is None else train_n
+    nlist = config.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
+    pq_m = config.pq_m or max(1, d // 8)
+    if d % pq_m:
+        raise ValueError(f"pq_m={pq_m} must divide the embedding dimension {d}")
+    nbits = config.pq_nbits or int(min(8, max(1, math.floor(math.log2(max(train_n, 2) / 39)))))
+    return nlist, pq_m, nbits
 
 
 def build_faiss(vectors: np.ndarray, config: DenseIndexConfig):
@@ -82,11 +108,10 @@ def build_faiss(vectors: np.ndarray, config: DenseIndexConfig):
         index = faiss.IndexHNSWFlat(d, config.hnsw_m, faiss.METRIC_INNER_PRODUCT)
         index.hnsw.efConstruction = config.hnsw_ef_construction
     else:
-        nlist = config.ivf_nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))
-        pq_m = config.pq_m or max(1, d // 8)
-        if d % pq_m:
-            raise ValueError(f"pq_m={pq_m} must divide the embedding dimension {d}")
-        nbits = config.pq_nbits or int(min(8, max(1, math.floor(math.log2(max(n, 2) / 39)))))
+        if config.refine_store != "memory":
+            raise ValueError("build_faiss keeps the refine vectors in memory; an on-disk refine store is built "
+                             "by retrieval.streamed.build_streamed_ivfpq")
+        nlist, pq_m, nbits = ivfpq_shape(n, d, config)
         ivf = faiss.IndexIVFPQ(faiss.IndexFlatIP(d), d, nlist, pq_m, nbits, faiss.METRIC_INNER_PRODUCT)
         index = faiss.IndexRefineFlat(ivf)
         rng = np.random.default_rng(config.seed)
@@ -104,7 +129,8 @@ def apply_search_params(index, config: DenseIndexConfig) -> None:
         index.hnsw.efSearch = config.hnsw_ef_search
     elif config.kind == "ivfpq":
         faiss.extract_index_ivf(index).nprobe = config.ivf_nprobe
-        index.k_factor = config.refine_k_factor
+        if config.refine_store == "memory":     # on disk, DenseIndex re-ranks topk * refine_k_factor itself
+            index.k_factor = config.refine_k_factor
 
 
 @dataclasses.dataclass
@@ -116,6 +142,7 @@ class DenseIndex:
     faiss_index: object
     config: DenseIndexConfig
     kind: str = "dense"
+    refine: np.ndarray | None = None  # [N, D] full vectors (memory-mapped refine.npy) when refine_store is "disk"
 
     @classmethod
     def build(cls, passages: Sequence[Passage], encoder, config: DenseIndexConfig = DenseIndexConfig(), *,
@@ -157,9 +184,35 @@ class DenseIndex:
             self.encoder.warmup()
 
     def search_vectors(self, q: np.ndarray, topk: int) -> list[list[Hit]]:
-        scores, ids = self.faiss_index.search(np.ascontiguousarray(q, np.float32), min(topk, self.size))
+        q = np.ascontiguousarray(q, np.float32)
+        if self.refine is None:
+            scores, ids = self.faiss_index.search(q, min(topk, self.size))
+        else:
+            scores, ids = refine_from_store(self.faiss_index, self.refine, q, min(topk, self.size),
+                                            self.config.refine_k_factor)
         return [[Hit.from_passage(self.passages[int(i)], float(s)) for i, s in zip(row_i, row_s) if i >= 0]
                 for row_i, row_s in zip(ids, scores)]
+
+
+def refine_from_store(index, store: np.ndarray, q: np.ndarray, k: int, k_factor: int,
+                      block: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """IndexRefineFlat's search with the full vectors in `store` (a memory-mapped [N, D] array): the approximate
+    index proposes k * k_factor candidates per query, which are re-ranked by their exact inner products
+    <q, store[id]>. Queries go `block` at a time, so the gathered rows stay at block * k * k_factor * D floats."""
+    candidates = min(k * k_factor, store.shape[0])
+    _, cand = index.search(q, candidates)
+    scores = np.full((len(q), k), -np.inf, np.float32)
+    ids = np.full((len(q), k), -1, np.int64)
+    for start in range(0, len(q), block):
+        c = cand[start:start + block]
+        valid = c >= 0
+        rows = np.asarray(store[np.where(valid, c, 0).ravel()], np.float32).reshape(*c.shape, -1)
+        exact = np.einsum("qkd,qd->qk", rows, q[start:start + block])
+        exact[~valid] = -np.inf
+        top = np.argsort(-exact, axis=1, kind="stable")[:, :k]
+        scores[start:start + block] = np.take_along_axis(exact, top, 1)
+        ids[start:start + block] = np.where(np.isfinite(scores[start:start + block]), np.take_along_axis(c, top, 1), -1)
+    return scores, ids
 
 
 def encode_passages(encoder, passages: Sequence[Passage], *, progress: bool = False, chunk: int = 512) -> np.ndarray:
@@ -189,6 +242,9 @@ def save_index(index: BM25Index | DenseIndex, directory: str | os.PathLike, *,
     directory = pathlib.Path(directory)
     if directory.exists() and not overwrite:
         raise FileExistsError(f"{directory} exists; pass overwrite=True to replace it")
+    if isinstance(index, DenseIndex) and index.refine is not None:
+        raise ValueError("an index with an on-disk refine store lives in the directory it was built in "
+                         "(retrieval.streamed.build_streamed_ivfpq); save_index does not copy it")
     fingerprint = corpus_fingerprint(index.passages)
     manifest = {"format": FORMAT, "retriever": index.kind, "num_passages": len(index.passages),
                 "corpus_fingerprint": fingerprint}
@@ -277,17 +333,24 @@ def open_index(directory: str | os.PathLike, *, encoder=None, corpus: Sequence[P
     corpus_file = corpus_file if corpus_file.is_absolute() else directory / corpus_file
     if not corpus_file.exists():
         raise FileNotFoundError(f"{where}: corpus file {corpus_file} not found")
-    passages = read_jsonl_corpus(corpus_file)
-    if corpus_fingerprint(passages) != manifest["corpus_fingerprint"]:
+    scan = corpus_store.cached_scan(corpus_file, directory)   # reads the file only if it changed since cached
+    if scan.fingerprint != manifest["corpus_fingerprint"]:
         raise IndexMismatchError(f"{where}: corpus file {corpus_file} has changed since the index was built "
                                  "(corpus fingerprint differs); rebuild the index")
     if corpus is not None:
-        expected = read_jsonl_corpus(corpus) if isinstance(corpus, (str, os.PathLike)) else list(corpus)
-        if corpus_fingerprint(expected) != manifest["corpus_fingerprint"]:
+        if isinstance(corpus, (str, os.PathLike)) and pathlib.Path(corpus).resolve() == corpus_file.resolve():
+            expected_fingerprint, expected_size = scan.fingerprint, scan.num_passages
+        else:
+            expected = read_jsonl_corpus(corpus) if isinstance(corpus, (str, os.PathLike)) else list(corpus)
+            expected_fingerprint, expected_size = corpus_fingerprint(expected), len(expected)
+        if expected_fingerprint != manifest["corpus_fingerprint"]:
             raise IndexMismatchError(f"{where}: the index was built over another corpus ({manifest['num_passages']} "
                                      f"passages, fingerprint {manifest['corpus_fingerprint'][:12]}) than the one "
-                                     f"given ({len(expected)} passages, fingerprint "
-                                     f"{corpus_fingerprint(expected)[:12]})")
+                                     f"given ({expected_size} passages, fingerprint {expected_fingerprint[:12]})")
+    if manifest.get("corpus_access") == "offsets":       # streamed builds: passages parsed when a search hits them
+        passages = corpus_store.JsonlPassages(corpus_file, scan.offsets_path)
+    else:
+        passages = read_jsonl_corpus(corpus_file)
     if manifest["retriever"] == "bm25":
         if encoder is not None:
             raise IndexMismatchError(f"{where}: a BM25 index takes no encoder, got {encoder.describe()['name']!r}")
@@ -303,15 +366,25 @@ def open_index(directory: str | os.PathLike, *, encoder=None, corpus: Sequence[P
         raise IndexMismatchError(f"{where}: index.faiss holds {index.ntotal} vectors of dim {index.d}, manifest "
                                  f"says {len(passages)} passages of dim {manifest['dims']}")
     stored = DenseIndexConfig(**manifest["params"])
-    if config is not None and config.kind != stored.kind:
-        raise IndexMismatchError(f"{where}: index is {stored.kind!r}, config asks for {config.kind!r}")
+    if config is not None and (config.kind, config.refine_store) != (stored.kind, stored.refine_store):
+        raise IndexMismatchError(f"{where}: index is {stored.kind!r} with refine_store {stored.refine_store!r}, "
+                                 f"config asks for {config.kind!r} with {config.refine_store!r}")
     config = config or stored
+    refine = None
+    if config.refine_store == "disk":
+        refine = np.load(directory / "refine.npy", mmap_mode="r")
+        if refine.shape != (index.ntotal, index.d):
+            raise IndexMismatchError(f"{where}: refine.npy has shape {refine.shape}, expected "
+                                     f"({index.ntotal}, {index.d})")
     apply_search_params(index, config)
-    return DenseIndex(passages, encoder, index, config)
+    return DenseIndex(passages, encoder, index, config, refine=refine)
 
 
 def load_encoder_from_description(description: dict, where: str = "manifest"):
     """Reload the encoder a manifest describes (BERT-family: from its recorded path and preset)."""
+    if description.get("kind") == "synthetic":
+        from retrieval.synthetic import SyntheticEncoder
+        return SyntheticEncoder.from_description(description)
     from searchjax.models import encoder as enc
     if description.get("kind") == "bert":
         enc_obj = enc.load_encoder(description.get("path"), preset=description.get("preset"))

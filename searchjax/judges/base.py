@@ -15,8 +15,8 @@ What every backend shares lives here:
 * `JudgeError(kind, ...)`: the one error type. kind is one of `ERROR_KINDS`; `retryable` says whether
   another attempt may succeed (timeouts, connection errors, HTTP 408/429/5xx). Rewards catch it and turn
   the affected group into a zero-advantage group plus a counter; training never crashes on a judge.
-* `with_retries`: exponential backoff, delay_k = min(backoff_max_s, backoff_initial_s * 2^k) * (1 + U(0,
-  jitter)), for retryable errors only.
+* `with_retries`: the shared retry loop of `searchjax.retry` (exponential backoff with jitter, a server's
+  Retry-After honoured on 429 / 503) applied to retryable JudgeErrors only.
 * A concurrency limit: `Judge.complete_many` fans requests out over a thread pool of `max_concurrency`
   workers, and every `complete` holds a semaphore of the same size, so concurrent callers together never
   exceed it.
@@ -36,11 +36,13 @@ import concurrent.futures
 import dataclasses
 import hashlib
 import json
-import random
 import re
 import threading
 import time
 from typing import Callable, Mapping, Sequence, TypeVar
+
+from searchjax import retry
+from searchjax.retry import RetryPolicy  # noqa: F401  (re-exported: judges build their policy from here)
 
 ERROR_KINDS = ("timeout", "connection", "http", "malformed", "config", "backend")
 ROLES = ("system", "user", "assistant")
@@ -51,13 +53,15 @@ T = TypeVar("T")
 class JudgeError(Exception):
     """A judge call failed. `kind` in ERROR_KINDS; `retryable` True when another attempt may succeed."""
 
-    def __init__(self, kind: str, message: str, *, retryable: bool = False, status: int | None = None):
+    def __init__(self, kind: str, message: str, *, retryable: bool = False, status: int | None = None,
+                 retry_after_s: float | None = None):
         if kind not in ERROR_KINDS:
             raise ValueError(f"JudgeError kind {kind!r} is not one of {ERROR_KINDS}")
         super().__init__(f"[{kind}] {message}")
         self.kind = kind
         self.retryable = retryable
         self.status = status
+        self.retry_after_s = retry_after_s   # the server's Retry-After (429 / 503), waited instead of the backoff
 
 
 # --- requests and replies -----------------------------------------------------------------------------------
@@ -161,41 +165,14 @@ class JudgeUsage:
 
 # --- retries ------------------------------------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class RetryPolicy:
-    """max_attempts tries in all; before retry k (k = 0, 1, ...) sleep min(max, initial * 2^k) * (1 + U(0, jitter))."""
-
-    max_attempts: int = 3
-    backoff_initial_s: float = 0.5
-    backoff_max_s: float = 8.0
-    jitter: float = 0.1
-
-    def __post_init__(self):
-        if self.max_attempts < 1:
-            raise ValueError(f"RetryPolicy.max_attempts must be >= 1, got {self.max_attempts}")
-        if self.backoff_initial_s < 0 or self.backoff_max_s < 0 or self.jitter < 0:
-            raise ValueError(f"RetryPolicy delays must be >= 0, got {self}")
-
-    def delay(self, retry_index: int, rng: random.Random | None = None) -> float:
-        base = min(self.backoff_max_s, self.backoff_initial_s * (2.0 ** retry_index))
-        return base * (1.0 + (rng or random).uniform(0.0, self.jitter))
-
-
 def with_retries(call: Callable[[], T], policy: RetryPolicy, *,
                  sleep: Callable[[float], None] = time.sleep) -> tuple[T, int]:
-    """(call(), attempts used), retrying retryable JudgeErrors with exponential backoff; raises the last error.
-
-    A raised JudgeError gets the attribute `attempts` (how many tries were made) for accounting.
-    """
-    for attempt in range(policy.max_attempts):
-        try:
-            return call(), attempt + 1
-        except JudgeError as error:
-            error.attempts = attempt + 1
-            if not error.retryable or attempt + 1 == policy.max_attempts:
-                raise
-            sleep(policy.delay(attempt))
-    raise AssertionError("unreachable")
+    """(call(), attempts used), retrying retryable JudgeErrors through `searchjax.retry.with_retries` (backoff,
+    or the server's Retry-After when the error carries one); raises the last error. The raised error has
+    the attribute `attempts` (how many tries were made) for accounting."""
+    return retry.with_retries(call, policy, retryable=lambda e: isinstance(e, JudgeError) and e.retryable,
+                              retry_after=lambda e: e.retry_after_s if isinstance(e, JudgeError) else None,
+                              sleep=sleep)
 
 
 # --- the interface ------------------------------------------------------------------------------------------
@@ -325,16 +302,36 @@ def _validate(obj: dict, spec: Mapping[str, object], text: str) -> dict:
     return out
 
 
+_THINK_OPEN = re.compile(r"^\s*<think>", re.IGNORECASE)
+_THINK_CLOSE = re.compile(r"</think>", re.IGNORECASE)
+
+
+def strip_reasoning(text: str) -> str:
+    """The reply after a reasoning Teacher's think block (Qwen3, GLM-4.x, DeepSeek-R1 write
+    "<think>...</think>" before the answer; a chat template that opens the block itself leaves only the
+    closing tag in the reply). A reply that opens a block and never closes it was cut inside its reasoning
+    by the token limit: JudgeError("malformed") saying so (the JSON after it was never written)."""
+    closes = list(_THINK_CLOSE.finditer(text))
+    if closes:
+        return text[closes[-1].end():]
+    if _THINK_OPEN.match(text):
+        raise JudgeError("malformed", "reply ends inside its <think> block: the reasoning did not finish within "
+                                      "the reply limit (raise max_reply_tokens for a reasoning Teacher)")
+    return text
+
+
 def parse_json_reply(text: str, spec: Mapping[str, object]) -> dict:
     """The fields of `spec` parsed from a judge reply, or JudgeError("malformed").
 
     spec maps a field name to: a tuple of allowed strings (matched case-insensitively, returned in the
     spec's spelling), `str`, `float`, or `(float, lo, hi)`. Extra fields in the reply are ignored. When the
     spec has exactly one enum field, a reply that is nothing but one allowed value (quotes and final
-    punctuation aside) is accepted as that value.
+    punctuation aside) is accepted as that value. A reasoning model's think block before the JSON is
+    skipped first (`strip_reasoning`), so braces inside the reasoning are never taken for the object.
     """
     if not isinstance(text, str):
         raise JudgeError("malformed", f"reply is {type(text).__name__}, not text")
+    text = strip_reasoning(text)
     last_error: JudgeError | None = None
     for candidate in _json_candidates(text):
         for repaired in _repairs(candidate):

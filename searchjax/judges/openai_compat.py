@@ -11,9 +11,11 @@ records, never logged. An empty `api_key_env` means the server needs no key (a l
 wants a string, so a placeholder is sent.
 
 The SDK's own retries are disabled (max_retries=0): retries, backoff and their accounting happen once, in
-`searchjax.judges.base.with_retries`, for every backend alike. Error mapping: SDK timeout -> "timeout",
-connection failure -> "connection" (both retryable); HTTP 408/409/429/5xx -> "http", retryable; other
-HTTP statuses (400, 401, 404, ...) -> "http", not retryable; a 200 reply without message text ->
+`searchjax.judges.base.with_retries`, which runs the project's one retry loop (`searchjax.retry`, shared with
+the retrieval client). Error mapping: SDK timeout -> "timeout", connection failure -> "connection" (both
+retryable); HTTP 408/429/5xx -> "http", retryable (`searchjax.retry.is_retryable_status`), with the
+server's Retry-After on a 429 / 503 carried in the error and waited instead of the backoff; other HTTP
+statuses (400, 401, 404, 409, ...) -> "http", not retryable; a 200 reply without message text ->
 "malformed", retryable (servers under load sometimes return empty choices).
 """
 
@@ -25,9 +27,8 @@ from typing import Mapping
 
 import openai
 
+from searchjax import retry
 from searchjax.judges.base import Judge, JudgeError, JudgeReply, JudgeRequest, JudgeUsage, RetryPolicy
-
-_RETRYABLE_STATUS = frozenset({408, 409, 429})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +50,7 @@ class OpenAICompatConfig:
     max_attempts: int = 3
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 8.0
+    max_retry_after_s: float = 60.0    # a longer Retry-After on 429 / 503 fails the call instead of waiting
     price_per_million_input: float = 0.0
     price_per_million_output: float = 0.0
 
@@ -79,7 +81,8 @@ class OpenAICompatJudge(Judge):
 
     def __init__(self, cfg: OpenAICompatConfig):
         super().__init__(max_concurrency=cfg.max_concurrency,
-                         retry=RetryPolicy(cfg.max_attempts, cfg.backoff_initial_s, cfg.backoff_max_s),
+                         retry=RetryPolicy(cfg.max_attempts, cfg.backoff_initial_s, cfg.backoff_max_s,
+                                           max_retry_after_s=cfg.max_retry_after_s),
                          usage=JudgeUsage(cfg.price_per_million_input, cfg.price_per_million_output))
         self.cfg = cfg
         key = read_api_key(cfg.api_key_env)
@@ -114,7 +117,8 @@ class OpenAICompatJudge(Judge):
         except openai.APIStatusError as e:
             status = e.status_code
             raise JudgeError("http", f"{self.cfg.base_url}: HTTP {status}: {str(e)[:200]}",
-                             retryable=status >= 500 or status in _RETRYABLE_STATUS, status=status) from e
+                             retryable=retry.is_retryable_status(status), status=status,
+                             retry_after_s=retry.retry_after_s(status, e.response.headers)) from e
         except (openai.OpenAIError, ValueError) as e:  # a 200 reply whose body is not a chat completion
             raise JudgeError("malformed", f"{self.cfg.base_url}: reply is not a chat completion: "
                              f"{type(e).__name__}: {str(e)[:200]}", retryable=True) from e

@@ -31,6 +31,10 @@ if TYPE_CHECKING:  # the rollout module imports the reward types' users, not the
     from searchjax.agent.rollout import Trajectory
 
 
+class NonFiniteRewardError(ValueError):
+    """A reward function produced NaN or infinite rewards; the train loop skips such a step and counts it."""
+
+
 @dataclasses.dataclass
 class RewardOutput:
     """What a reward function returns for N trajectories.
@@ -51,7 +55,7 @@ class RewardOutput:
             raise ValueError(f"RewardOutput.rewards must be [N], got shape {rewards.shape}")
         if not np.all(np.isfinite(rewards)):
             bad = np.flatnonzero(~np.isfinite(rewards))[:10].tolist()
-            raise ValueError(f"RewardOutput.rewards has non-finite values at indices {bad}")
+            raise NonFiniteRewardError(f"RewardOutput.rewards has non-finite values at indices {bad}")
         self.rewards = rewards
 
 
