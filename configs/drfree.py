@@ -17,8 +17,10 @@ and searchjax/rewards/information_gain.py have the details.
 
 Variants (`--config configs/drfree.py:<variant>[,<ablation>...]`):
   qwen2.5-3b-instruct (default ""), qwen2.5-7b-instruct, or any model preset of configs/search_r1.py: the
-    paper's proposer settings: 256 chains per step (one generation each), AdamW lr 1e-6 with 3 % warmup,
-    weight decay 0.01, grad clip 0.1, 50 steps, prompts up to 2560 tokens, no tool use. Needs a chain pool
+    paper's settings (appendix A.1): proposer 256 chains per step (one generation each), PPO mini-batch 128,
+    AdamW lr 1e-6 with 3 % warmup then constant, weight decay 0.01, grad clip 0.1, 50 steps, prompts up to
+    2560 tokens, no tool use; solver 256 questions x 5 rollouts per step, mini-batch 128 questions, the same
+    optimizer, 50 steps; BF16 with f32 master weights; three iterations. Needs a chain pool
     (launch/build_chains.py over Wikidata5M + wiki-18) in chains.pool and the wiki-18 retriever of
     configs/search_r1.py (retrieval.url) for the retrieval shortcut. Expected result (paper): the share of
     questions with positive gain and the mean IG rise over the 50 steps while source-passage and hop
@@ -27,8 +29,10 @@ Variants (`--config configs/drfree.py:<variant>[,<ablation>...]`):
     synthetic world (searchjax.data.synthetic) into <workdir>/synthetic_chains, BM25 over the world's corpus,
     the base model as anchor. A 135M model seldom writes a well-formed, grounded question about made-up
     entities, so most rewards are the format term: this run shows the machinery, not the paper's gains.
-    About 10 minutes on 2 CPU cores.
-  quickstart_smoke: one tiny step of the quickstart (a pipeline check).
+    One iteration: 4 proposer steps, generation over the 21 training chains (budget 4 pairs), 2 solver
+    steps (skipped when no proposal passes the gate). Not timed with this prompt (prompts of 805-1207
+    tokens); the proposer part took about 10 minutes on 2 CPU cores with the earlier, shorter prompt.
+  quickstart_smoke: one tiny step per stage of the quickstart (a pipeline check).
 
 Ablations (the paper's Tables 2-3 and Figure 4; append to the variant after a comma, several allowed):
   difficulty: Difficulty only (Dr.Zero's reward with the frozen solver); ig_difficulty: IG + Difficulty;
@@ -46,8 +50,9 @@ The anchor can be a trained solver instead of the base model: --config.anchor.pa
   python -m launch.selfplay --config configs/drfree.py:quickstart --workdir /tmp/drfree_quickstart
   python -m launch.selfplay --config configs/drfree.py:quickstart_smoke --workdir /tmp/drfree_smoke
   python -m launch.selfplay --config configs/drfree.py:quickstart,frozen_anchor --workdir /tmp/drfree_frozen
-  python -m launch.selfplay --config configs/drfree.py:qwen2.5-7b-instruct --workdir ~/runs/drfree_proposer \
+  python -m launch.selfplay --config configs/drfree.py:qwen2.5-7b-instruct --workdir ~/runs/drfree \
       --config.chains.pool=~/chains/chains.jsonl --config.retrieval.url=http://127.0.0.1:8000
+  python -m launch.selfplay --config configs/drfree.py:quickstart --workdir /tmp/drfree_proposer --config.run=proposer
 """
 
 
@@ -245,6 +250,8 @@ def _base_config(arg: str):
     config.optim.weight_decay = 0.01
     config.optim.max_grad_norm = 0.1
     config.batch.mini_batch_size = 128  # paper: PPO mini-batch 128 of the 256 proposals: two updates per step
+    # config.loss (both agents) stays Search-R1's (k3 KL 0.001 to the initial policy): appendix A.1's KL setting
+    # was not available to us (Dr.Zero's public scripts train without a KL loss: --config.loss.kl_coef=0).
     config.batch.micro_batch_size = 16  # trajectories per accumulation chunk (memory knob)
     config.batch.prompt_buckets = (512, 1024, 2048, 2560)  # prompt length <= 2560
     config.batch.response_buckets = (128, 256, 512)
@@ -270,11 +277,11 @@ def _base_config(arg: str):
     config.total_steps = 4
     config.prompts_per_step = 6  # two chains per hop count on average
     config.rollout.max_new_tokens_per_turn = 128
-    config.rollout.max_cache_len = 1024 + 128  # synthetic chain prompts pad to <= 1024 slots
+    config.rollout.max_cache_len = 2048 + 128  # synthetic chain prompts (805-1207 tokens) pad to <= 2048 slots
     config.optim.warmup_steps = 0
     config.batch.mini_batch_size = 6
     config.batch.micro_batch_size = 2
-    config.batch.prompt_buckets = (512, 1024)
+    config.batch.prompt_buckets = (1024, 2048)
     config.batch.response_buckets = (128,)
     config.eval.every = 4
     config.eval.num_prompts = 3
@@ -296,7 +303,7 @@ def _base_config(arg: str):
         config.total_steps = 1
         config.prompts_per_step = 3
         config.rollout.max_new_tokens_per_turn = 32
-        config.rollout.max_cache_len = 1024 + 32
+        config.rollout.max_cache_len = 2048 + 32
         config.batch.mini_batch_size = 3
         config.batch.micro_batch_size = 1
         config.batch.response_buckets = (32,)

@@ -33,6 +33,9 @@ Any field can be overridden on the command line (--config.<field>=<value>).
 
 import ml_collections
 
+from searchjax.config_files import sibling
+from searchjax.distributed import distributed_config
+
 
 def get_config(arg: str = ""):
     """arg: "" (the first 16 default questions, short turns) or "all" (all 75, Search-R1-length turns)."""
@@ -52,9 +55,20 @@ def get_config(arg: str = ""):
     config.model.dtype = "float32"  # compute dtype (bfloat16 on accelerators)
 
     config.data = ml_collections.ConfigDict()
-    config.data.path = "default"  # "default" (embedded FanOutQA sub-questions), a Search-R1 .parquet or FlashRAG .jsonl
+    # Datasets, comma-separated; each one gets its own predictions file per system. A spec is "default" (the
+    # embedded FanOutQA sub-questions), "default_qa:<split>", "tfds:<name>/<split>" (searchjax/data/tfds_qa.py:
+    # nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle, fanoutqa, default_qa), a Search-R1
+    # .parquet or a FlashRAG .jsonl file. The EviBack protocol: the seven benchmarks' test splits with subset = 500.
+    config.data.path = "default"
     config.data.data_source = ""  # FlashRAG jsonl only: data-source name ("" = from the file; see searchjax/data/qa_datasets.py)
-    config.data.limit = 16  # evaluate the first N questions (0 = all)
+    config.data.manual_dir = ""  # tfds specs: the local benchmark files a first build reads ("" = built already)
+    config.data.subset = 0  # per dataset, N questions by the hash-of-id rule of searchjax/data/tfds_qa.py (0 = all)
+    config.data.limit = 16  # then the first N questions of each dataset (0 = all)
+
+    # Systems, comma-separated (searchjax/eval/pipelines.py): policy (the model as a Search-R1 search agent, with
+    # `rollout` below), closed_book (the same prompt, no tool), direct, cot, rag, ircot, search_o1 (baselines on the
+    # same model, fields in `baselines` below).
+    config.systems = "policy"
 
     config.retrieval = ml_collections.ConfigDict()
     config.retrieval.index = "bm25"  # "bm25" | "dense" (embedded default corpus) or a built index directory
@@ -69,6 +83,43 @@ def get_config(arg: str = ""):
     config.rollout.topk = 2  # passages per search
     config.rollout.max_cache_len = 672  # KV-cache slots per question: prompt + every turn + every observation
     config.rollout.search = True  # False: one turn, no tool (closed-book baseline with the same prompt)
+
+    # The baselines' PipelineConfig fields (searchjax/eval/pipelines.py; FlashRAG's settings: 5 whole passages, 32
+    # answer tokens, IRCoT 2 iterations). Passages are cut here so the small default model's prompts stay short.
+    config.baselines = ml_collections.ConfigDict()
+    config.baselines.direct = ml_collections.ConfigDict()
+    config.baselines.direct.max_new_tokens = 32  # answer tokens
+    config.baselines.cot = ml_collections.ConfigDict()
+    config.baselines.cot.max_new_tokens = 256  # reasoning + \boxed{answer} tokens
+    config.baselines.rag = ml_collections.ConfigDict()
+    config.baselines.rag.max_new_tokens = 32  # answer tokens
+    config.baselines.rag.topk = 3  # passages retrieved once for the question
+    config.baselines.rag.max_doc_chars = 600  # each passage's text cut to this many characters (0 = whole)
+    config.baselines.ircot = ml_collections.ConfigDict()
+    config.baselines.ircot.max_new_tokens = 64  # tokens of one thought
+    config.baselines.ircot.topk = 3  # passages per retrieval (question, then each thought)
+    config.baselines.ircot.max_doc_chars = 600  # each passage's text cut to this many characters (0 = whole)
+    config.baselines.ircot.max_iterations = 2  # thoughts per question
+    config.baselines.search_o1 = ml_collections.ConfigDict()
+    config.baselines.search_o1.max_new_tokens = 256  # tokens per reasoning turn
+    config.baselines.search_o1.topk = 3  # passages per search
+    config.baselines.search_o1.max_doc_chars = 600  # each passage's text cut to this many characters (0 = whole)
+    config.baselines.search_o1.max_searches = 5  # searches per question (Search-o1's MAX_SEARCH_LIMIT)
+    config.baselines.search_o1.max_turns = 6  # reasoning turns per question
+    config.baselines.search_o1.reason_max_new_tokens = 256  # tokens of the Reason-in-Documents step
+    config.baselines.search_o1.max_info_tokens = 256  # tokens of one appended search-result block
+
+    # LLM-as-judge grading of every answer (searchjax/eval/grading.py; CCS's grader, A/B/C letters): the judge's
+    # backend fields are configs/eviback.py's teacher section. backend "none" = no judge grades.
+    config.judge = sibling(__file__, "eviback").teacher_section("local")
+    config.judge.local_checkpoint = "smollm2"  # "smollm2" (embedded), "policy" (the evaluated weights), HF dir, .gguf
+    config.judge.temperature = 0.1  # the CCS grader's temperature (an HTTP judge must sample at it)
+    config.judge.max_prompt_tokens = 2048  # the grader prompt is ~1,100 SmolLM2 tokens
+    config.judge.prompt = "answer_grader.v1"  # versioned grader prompt (searchjax/judges/prompts/)
+
+    # Multi-host evaluation (searchjax/distributed.py): each process runs its share of every dataset's batches,
+    # process 0 gathers, grades and writes.
+    config.distributed = distributed_config()
 
     if arg == "all":
         config.data.limit = 0

@@ -32,7 +32,11 @@ def get_config(arg: str = ""):
     config = ml_collections.ConfigDict()
     config.seed = 0  # PRNG seed of rollouts and of the prompt order
     config.total_steps = 3  # RL steps (one rollout batch each)
+    config.max_consecutive_skipped_steps = 10  # stop after this many steps in a row applied no update (non-finite
+    # rewards or losses; 0 = never stop)
     config.prompts_per_step = 2  # questions per step; trajectories per step = this x rollout.group_size
+    config.max_failure_rate = 0.1  # stop the run when more than this fraction of a step's searches (after the
+    # client's retries) or of its EviBack Teacher requests failed: a dead service must not train on error text
 
     config.model = ml_collections.ConfigDict()
     config.model.path = "smollm2"  # HF dir, .gguf file, or "smollm2" (the embedded SmolLM2-135M-Instruct GGUF)
@@ -119,7 +123,8 @@ def get_config(arg: str = ""):
     config.checkpoint = ml_collections.ConfigDict()
     config.checkpoint.every = 2  # save every this many steps (and always at the end and on SIGTERM)
     config.checkpoint.max_to_keep = 2  # newest checkpoints kept
-    config.checkpoint.export_hf = False  # also write an HF safetensors copy of the policy at each save
+    config.checkpoint.export_hf = True  # also write the policy as an HF model directory at each save (last one:
+    # <workdir>/hf/step_000003/: safetensors, config.json, tokenizer, generation_config.json; loads in transformers/vLLM)
 
     config.logging = ml_collections.ConfigDict()
     config.logging.trajectories_per_step = 8  # trajectories dumped per step to trajectories/ (-1 = all, 0 = none)

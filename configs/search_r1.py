@@ -89,7 +89,7 @@ def get_config(arg: str = "qwen2.5-7b"):
     config.rollout.temperature = 1.0  # sampling temperature (the loss's log-probs use the same)
     config.rollout.top_p = 1.0  # no nucleus truncation
     config.rollout.top_k = 0  # no top-k truncation
-    config.rollout.max_cache_len = 6144  # prompt (<= 2048) + 4 x (500 generated + 500 retrieved)
+    config.rollout.max_cache_len = 6656  # prompt bucket (<= 2048) + 5 x 500 generated + 4 x 512 retrieved (bucketed)
     config.rollout.search = True  # the search tool is on
 
     config.reward_fn = "exact_match"  # loop.REWARD_FNS: Search-R1's EM outcome reward

@@ -1,12 +1,16 @@
-r"""Evaluate a policy as a search agent on a QA benchmark: predictions jsonl + a summary table per data source.
+r"""Evaluate systems (the policy as a search agent, and inference baselines on the same model) on QA datasets,
+with EM, F1 and LLM-judge grades: one predictions jsonl per (system, dataset) + a summary table.
 
   python -m launch.evaluate --config configs/evaluate.py --workdir /tmp/searchjax_eval
+  python -m launch.evaluate --config configs/evaluate.py --workdir /tmp/eval3 --config.systems=policy,direct,rag
+  python -m launch.report --eval_dirs=/tmp/eval3 --baseline=direct --out=/tmp/eval3/report
 
 This file is intentionally short: flags -> `searchjax.experiment.evaluation.run_from_config(config, workdir)`, which
-loads the model, tokenizer, retriever and questions the config names, rolls every question out greedily, writes
-<workdir>/predictions.jsonl, summary.json, table.md and config.json, and prints the table. Every knob is a
-field of configs/evaluate.py (commented there). Inputs are checked before the model loads; bad input (config,
-file, data row, endpoint) ends with one line, `--verbose` adds the traceback.
+loads the model, tokenizer, retriever, judge and datasets the config names, runs every system greedily on
+every dataset (on pods each process runs its share of the batches; process 0 gathers, grades and writes),
+writes <workdir>/<system>/predictions_<dataset>.jsonl, summary.json, table.md and config.json, and prints the
+table. Every knob is a field of configs/evaluate.py (commented there). Inputs are checked before the model
+loads; bad input (config, file, data row, endpoint) ends with one line, `--verbose` adds the traceback.
 """
 
 import os

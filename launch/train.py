@@ -4,10 +4,14 @@ r"""Train a search agent with RL (GRPO / HRPO), configured by one ml-collections
   python -m launch.train --config configs/quickstart.py --workdir /tmp/searchjax_quickstart --resume
   python -m launch.train --config configs/search_r1.py:qwen2.5-7b --workdir ~/runs/sr1 --config.optim.learning_rate=2e-6
 
-This file is intentionally short: flags -> `searchjax.rl.loop.train(config, workdir)`. Everything the
-run does is in the config file (every field commented there) and in searchjax/rl/loop.py. The resolved
-config is written to <workdir>/config.json. SIGTERM saves a checkpoint and exits with status 0;
-`--resume` then continues exactly where the run stopped.
+This file is intentionally short: flags -> `searchjax.experiment.loop.train(config, workdir)`. Everything the
+run does is in the config file (every field commented there) and in searchjax/experiment/loop.py. Before
+anything loads, searchjax/experiment/validate.py checks the config, the workdir, the data files and the
+services (retrieval server, judges); only then is the resolved config written to <workdir>/config.json.
+A workdir that holds a run is refused unless `--resume`; `--resume` needs a checkpoint there and an
+unchanged config and data (`--allow_config_change=field,...` overrides, naming the fields).
+SIGTERM saves a checkpoint and exits with status 0; `--resume` then continues exactly where the run stopped.
+Bad input (config, file, data row, workdir, endpoint) ends with one line; `--verbose` adds the traceback.
 """
 
 import json
@@ -18,10 +22,16 @@ from typing import Callable
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from searchjax.experiment.validate import exit_on_user_error  # stdlib-only at import (no JAX backend touched)
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config: configs/<name>.py[:variant].", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and trajectories.")
 _RESUME = flags.DEFINE_bool("resume", False, "Continue from the latest checkpoint in --workdir.")
+_ALLOW_CHANGE = flags.DEFINE_list(
+    "allow_config_change", [], "With --resume: config fields (dotted, e.g. batch.micro_batch_size, data.train) that "
+    "may differ from the saved run although exact resume depends on them; 'all' allows any.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Show the traceback of a bad-input error, not just its one line.")
 
 
 def run(argv, train: Callable[..., dict]) -> dict:
@@ -31,16 +41,21 @@ def run(argv, train: Callable[..., dict]) -> dict:
     """
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config = _CONFIG.value
+    return exit_on_user_error(lambda: _start(_CONFIG.value, train), verbose=_VERBOSE.value,
+                              program=f"launch.{pathlib.Path(argv[0]).stem}")
+
+
+def _start(config, train: Callable[..., dict]) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # hubs are never contacted at run time
     from searchjax import distributed, runtime
     distributed.initialize(config.distributed)  # before anything touches a JAX backend
     runtime.enable_compilation_cache()
     import jax
+    from searchjax.experiment import run_dir, validate
     workdir = pathlib.Path(_WORKDIR.value).expanduser()
-    workdir.mkdir(parents=True, exist_ok=True)
+    fingerprints = validate.preflight(config, workdir, resume=_RESUME.value, allow_changes=_ALLOW_CHANGE.value)
     if jax.process_index() == 0:
-        (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=str))
+        run_dir.record(workdir, config, fingerprints)  # only now: the workdir is accepted
     logging.info("devices: %s; config:\n%s", jax.devices(), config)
     metrics = train(config, workdir, resume=_RESUME.value)
     logging.info("last step's metrics: %s", json.dumps(metrics, sort_keys=True))
@@ -48,7 +63,7 @@ def run(argv, train: Callable[..., dict]) -> dict:
 
 
 def _search_agent_train(config, workdir, *, resume: bool) -> dict:
-    from searchjax.rl import loop
+    from searchjax.experiment import loop
     return loop.train(config, workdir, resume=resume)
 
 

@@ -7,6 +7,14 @@ steps are *global* arrays: a process contributes its local rows with `global_bat
 `load_pretrained(path, mesh=...)`. Host values that must be seen whole (HRPO's (reward, hop) pairs,
 whose hop groups span the batch, Dr.Free eq. 9) are gathered with `allgather`.
 
+Preemption (`watch_preemption`): a scheduler's SIGTERM reaches one host, often not the others. A checkpoint
+save is a collective, so a host that saved alone would wait forever for the others; every process must decide
+to stop at the same step. With several processes the decision is JAX's preemption sync point
+(`multihost_utils.reached_preemption_sync_point`): `jax.distributed.initialize` starts a preemption notifier
+that owns SIGTERM (no Python handler may replace it), the notice is shared through the coordination service,
+and every process learns the same step at which to save (the largest step any process had reached, plus one).
+One process: a Python SIGTERM handler sets a flag, read at the end of the step.
+
 Config fields (`distributed_config()`, embed it as `config.distributed`):
     enabled              bool   call jax.distributed.initialize at start-up
     coordinator_address  str    "host:port" of process 0; "" = let JAX detect the cluster (TPU pods,
@@ -20,7 +28,8 @@ Config fields (`distributed_config()`, embed it as `config.distributed`):
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import signal
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -120,3 +129,37 @@ def allgather(local: Any) -> Any:
     out = [np.concatenate([np.asarray(g)[p, :sizes[p, i]] for p in range(jax.process_count())])
            for i, g in enumerate(gathered)]
     return jax.tree.unflatten(treedef, out)
+
+
+def _sync_manager_running() -> bool:
+    """True when jax.distributed runs with its preemption sync manager (the default: jax_enable_preemption_service)."""
+    from jax._src import distributed as jax_distributed  # the state object; the public API has no accessor
+    state = jax_distributed.global_state
+    return state.client is not None and state.preemption_sync_manager is not None
+
+
+def watch_preemption() -> tuple[Callable[[int], bool], Callable[[], None]]:
+    """(preempted(step) -> bool, restore()): whether the run must save and stop after `step`, the same answer on
+    every process (module docstring, "Preemption"); restore() puts back what was changed. Call preempted() once
+    per step on every process, with the same step numbers (a collective when there are several processes).
+
+    * several processes, JAX's preemption service on: reached_preemption_sync_point(step); SIGTERM is left to
+      the notifier jax.distributed installed (a Python handler would take the signal away from it);
+    * several processes, the service off: a Python flag per process, OR-ed over processes every step;
+    * one process: the Python flag. Off the main thread no handler can be installed: never preempted.
+    """
+    if jax.process_count() > 1 and _sync_manager_running():
+        from jax.experimental import multihost_utils
+        return multihost_utils.reached_preemption_sync_point, lambda: None
+    flag = {"stop": False}
+    try:
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: flag.update(stop=True))
+    except ValueError:  # not the main thread
+        return (lambda step: False), (lambda: None)
+
+    def preempted(step: int) -> bool:
+        if jax.process_count() == 1:
+            return flag["stop"]
+        return bool(np.any(allgather(np.asarray([flag["stop"]], bool))))
+
+    return preempted, lambda: signal.signal(signal.SIGTERM, previous)

@@ -140,6 +140,36 @@ def _gguf_tokenizer_dir(gguf_path: Path, cache_root: Optional[Path]) -> Path:
     return target
 
 
+# tokenizer_config.json keys transformers 5 writes that only describe how this process loaded the files.
+_LOAD_STATE_KEYS = ("is_local", "local_files_only", "backend")
+
+
+def save_tokenizer(tokenizer: Tokenizer, directory, *, model_max_length: Optional[int] = None) -> list[Path]:
+    """Write the tokenizer's HF files into `directory` (tokenizer.json, tokenizer_config.json, chat template), in
+    the form transformers 4.x and 5.x (hence vLLM) both load; returns the files written.
+
+    A tokenizer converted from a GGUF file is saved by transformers 5 under its generic class name
+    "TokenizersBackend", which 4.x lacks: the config names PreTrainedTokenizerFast instead (the same
+    tokenizer.json pipeline in both). The chat template goes into tokenizer_config.json too (4.x reads it
+    only there; 5.x also writes chat_template.jinja), and model_max_length becomes the model's context.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = [Path(f) for f in tokenizer.hf.save_pretrained(str(directory))]
+    config_file = directory / "tokenizer_config.json"
+    config = json.loads(config_file.read_text()) if config_file.exists() else {}
+    for key in _LOAD_STATE_KEYS:
+        config.pop(key, None)
+    if config.get("tokenizer_class") in (None, "TokenizersBackend"):
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if tokenizer.hf.chat_template:
+        config["chat_template"] = tokenizer.hf.chat_template
+    if model_max_length:
+        config["model_max_length"] = int(model_max_length)
+    config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    return sorted(set(written) | {config_file})
+
+
 def load_tokenizer(path, *, cache_dir: Optional[Path] = None) -> Tokenizer:
     """Tokenizer from an HF model directory (tokenizer.json etc.) or a .gguf file (its tokenizer.ggml metadata)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -31,6 +31,7 @@ _isolate_searchjax_cache()
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # launcher subprocesses too: libtpu (the tpu extra) stays idle
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

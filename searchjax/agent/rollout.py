@@ -52,12 +52,29 @@ Decisions (each one is what the code does; tests/rollout checks them):
 * Capacity: the cache holds the padded prompt, every turn's full token budget and every append block
   (`generation.append_bucket(max_obs_tokens)`: the next power of two >= 16); `required_cache_len` computes it
   and `rollout` raises before decoding anything when `max_cache_len` is smaller.
+* Failures as metrics: every trajectory counts its `retrieval_errors`, `invalid_actions` and
+  `truncated_observations`; `failure_metrics(trajectories)` sums them into a step's metrics (with the rates
+  the trainer checks against `config.max_failure_rate`) and `trajectory_counters(t)` is what a trajectory dump
+  records of them.
+* Multi-host: every process rolls out its own prompts with the step's seed; with more than one process the
+  seed is first folded with the process index (`process_seed`), so two processes never draw the same
+  sampling noise for their row r.
+
+Host cost at the papers' batches (2,560 / 4,096 rows, docs/scale_rehearsal.md): the per-row Python work is
+O(1) per turn; the tokenizer is called once per turn for all rows (`encode_many` / `decode_many`: the Rust
+tokenizer's batch calls, which run outside the GIL on all cores), identical observation texts of a turn
+(e.g. the G samples of a question issuing the same query) are encoded once, and the retriever gets one call
+per turn. `timings` (a dict) accumulates the seconds spent per phase: "tokenize", "generate" (the jitted
+prefill / decode / append and their host-side packing), "parse" and "retrieval" (wall time, and CPU time
+under "<phase>_cpu": see `timed`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import time
 from typing import Optional, Sequence
 
 from searchjax import generation
@@ -169,6 +186,89 @@ def _check_prompts(prompts: Sequence[Prompt]) -> None:
         seen[p.uid] = i
 
 
+# ------------------------------------------------------------------------------------- host-side helpers
+
+def _rust_tokenizer(tokenizer):
+    """The Rust tokenizer behind a searchjax Tokenizer when its own encode/decode add nothing to it (no clean-up
+    of tokenization spaces), else None. Its batch calls run on every core outside the GIL."""
+    from searchjax.tokenization import Tokenizer
+    if isinstance(tokenizer, Tokenizer) and not tokenizer.hf.clean_up_tokenization_spaces:
+        return tokenizer.hf.backend_tokenizer
+    return None
+
+
+def encode_many(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """[tokenizer.encode(t) for t in texts], in one batch call when the tokenizer has a Rust backend."""
+    backend = _rust_tokenizer(tokenizer)
+    if backend is None or not texts:
+        return [tokenizer.encode(t) for t in texts]
+    return [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def decode_many(tokenizer, sequences: Sequence[Sequence[int]]) -> list[str]:
+    """[tokenizer.decode(ids) for ids in sequences], in one batch call when the tokenizer has a Rust backend."""
+    backend = _rust_tokenizer(tokenizer)
+    if backend is None or not sequences:
+        return [tokenizer.decode(ids) for ids in sequences]
+    return backend.decode_batch([list(ids) for ids in sequences], skip_special_tokens=False)
+
+
+def process_seed(seed: int) -> int:
+    """The seed this process samples with: `seed` itself on one process, else a draw from fold_in(key(seed),
+    process index). Rows are keyed by their index in the process's own batch, so without this row r of every
+    process would get the same sampling noise."""
+    import jax
+    if jax.process_count() == 1:
+        return int(seed)
+    key = jax.random.fold_in(jax.random.key(int(seed)), jax.process_index())
+    return int(jax.random.randint(key, (), 0, 2**31 - 1))
+
+
+@contextlib.contextmanager
+def timed(timings: Optional[dict], phase: str):
+    """Add the block's wall time to timings[phase] and the CPU time of this process (every thread) to
+    timings[phase + "_cpu"]; a no-op when timings is None. On a shared host the CPU figure is the one that
+    does not depend on what else runs."""
+    if timings is None:
+        yield
+        return
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        yield
+    finally:
+        timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - wall
+        timings[phase + "_cpu"] = timings.get(phase + "_cpu", 0.0) + time.process_time() - cpu
+
+
+def trajectory_counters(t) -> dict:
+    """What a trajectory dump records of how the trajectory went (searchjax.experiment.loop.dump_trajectories)."""
+    return {"end_reason": t.end_reason, "num_turns": t.num_turns, "invalid_actions": t.invalid_actions,
+            "retrieval_errors": t.retrieval_errors, "truncated_observations": t.truncated_observations}
+
+
+def failure_metrics(trajectories: Sequence) -> dict[str, float]:
+    """A step's failure counters, summed over its trajectories, and their rates.
+
+    rollout/searches_sent: searches handed to the retriever (every executed query, duplicates included);
+    rollout/retrieval_errors: those whose retriever call failed; rollout/retrieval_error_rate = errors / sent
+    (0 without searches). rollout/invalid_actions over rollout/turns (decode turns) and
+    rollout/truncated_observations over rollout/observations (observations appended: searches + invalid
+    actions) likewise. The sums let a multi-process run add its processes' counts before taking a rate.
+    """
+    sums = {"searches_sent": float(sum(len(t.queries) for t in trajectories)),
+            "retrieval_errors": float(sum(t.retrieval_errors for t in trajectories)),
+            "turns": float(sum(t.num_turns for t in trajectories)),
+            "invalid_actions": float(sum(t.invalid_actions for t in trajectories)),
+            "truncated_observations": float(sum(t.truncated_observations for t in trajectories))}
+    sums["observations"] = sums["searches_sent"] + sums["invalid_actions"]
+    out = {f"rollout/{k}": v for k, v in sums.items()}
+    for rate, (num, den) in {"retrieval_error_rate": ("retrieval_errors", "searches_sent"),
+                             "invalid_action_rate": ("invalid_actions", "turns"),
+                             "truncated_observation_rate": ("truncated_observations", "observations")}.items():
+        out[f"rollout/{rate}"] = sums[num] / sums[den] if sums[den] else 0.0
+    return out
+
+
 # ------------------------------------------------------------------------------------------- observations
 
 @dataclasses.dataclass(frozen=True)
@@ -207,14 +307,24 @@ class _ObservationCodec:
 
     def encode(self, text: str, *, information: bool) -> tuple[list[int], bool]:
         """(token ids, truncated?) of an observation; `information`: text is an information block."""
-        ids = self.tokenizer.encode(text)
-        if len(ids) <= self.budget:
-            return ids, False
-        if information:
-            body = text[len(self.head):len(text) - len(self.tail)]
+        return self.encode_many([text], information=information)[0]
+
+    def encode_many(self, texts: Sequence[str], *, information: bool) -> list[tuple[list[int], bool]]:
+        """`encode` of each text; each distinct text is tokenised once, all in one batch call (two when some
+        information blocks are truncated: their bodies are re-encoded alone)."""
+        distinct = list(dict.fromkeys(texts))
+        encoded = dict(zip(distinct, encode_many(self.tokenizer, distinct)))
+        long = [t for t in distinct if len(encoded[t]) > self.budget]
+        if information and long:
+            bodies = encode_many(self.tokenizer, [t[len(self.head):len(t) - len(self.tail)] for t in long])
             room = self.budget - len(self.info_head) - len(self.info_tail)
-            return list(self.info_head) + self._cut(self.tokenizer.encode(body), room) + list(self.info_tail), True
-        return self._cut(ids, self.budget - len(self.marker)) + list(self.marker), True
+            out = {t: (list(self.info_head) + self._cut(body, room) + list(self.info_tail), True)
+                   for t, body in zip(long, bodies)}
+        else:
+            out = {t: (self._cut(encoded[t], self.budget - len(self.marker)) + list(self.marker), True) for t in long}
+        for t in distinct:
+            out.setdefault(t, (encoded[t], False))
+        return [(list(out[t][0]), out[t][1]) for t in texts]
 
 
 def _search(retriever, queries: list[str], topk: int) -> tuple[Optional[list], Optional[str]]:
@@ -254,25 +364,28 @@ class _Row:
     truncated_observations: int = 0
 
     def add(self, ids, mask: int, logprobs=None) -> None:
-        self.response_ids += [int(t) for t in ids]
-        self.loss_mask += [mask] * len(ids)
-        self.logprobs += [float(x) for x in logprobs] if logprobs is not None else [0.0] * len(ids)
+        """Append a block: `ids` a list of ints (generation results and encodings already are), logprobs an array."""
+        self.response_ids.extend(ids)
+        self.loss_mask.extend([mask] * len(ids))
+        self.logprobs.extend(logprobs.tolist() if logprobs is not None else [0.0] * len(ids))
 
 
 def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg: RolloutConfig, *, seed: int,
-            logits_fn: Optional[generation.LogitsFn] = None) -> list[Trajectory]:
+            logits_fn: Optional[generation.LogitsFn] = None, timings: Optional[dict] = None) -> list[Trajectory]:
     """Roll out cfg.group_size samples of each prompt; returns len(prompts) * group_size trajectories, prompt-major.
 
     model/params: the policy (model may be None when logits_fn is given: no KV cache). tokenizer: a
     searchjax.tokenization.Tokenizer. retriever: anything with `.search(queries: list[str], topk) ->
     list[list[hit]]` (unused with cfg.search=False). seed: sampling seed (row r samples with
-    fold_in(key(seed), r)). logits_fn: optional stand-in for the model's next-token logits (see
-    searchjax.generation), for scripted tests.
+    fold_in(key(process_seed(seed)), r)). logits_fn: optional stand-in for the model's next-token logits (see
+    searchjax.generation), for scripted tests and the scale rehearsal. timings: a dict that gets the seconds
+    of each phase added (module docstring).
     """
     _check_config(cfg)
     _check_prompts(prompts)
     prompts = list(prompts)
-    prompt_ids = [tokenizer.encode(protocol.build_prompt(p.question, tokenizer)) for p in prompts]
+    with timed(timings, "tokenize"):
+        prompt_ids = encode_many(tokenizer, [protocol.build_prompt(p.question, tokenizer) for p in prompts])
     rows = [(i, g) for i in range(len(prompts)) for g in range(cfg.group_size)]
     row_prompts = [prompt_ids[i] for i, _ in rows]
     needed = required_cache_len(row_prompts, cfg)
@@ -287,8 +400,9 @@ def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg:
     searching_turns = cfg.max_turns if cfg.search else 0
     stop = protocol.STOP_STRINGS if cfg.search else (ANSWER_CLOSE,)
 
-    session = generation.start(model, params, row_prompts, max_cache_len=cfg.max_cache_len, tokenizer=tokenizer,
-                               seed=seed, logits_fn=logits_fn)
+    with timed(timings, "generate"):
+        session = generation.start(model, params, row_prompts, max_cache_len=cfg.max_cache_len, tokenizer=tokenizer,
+                                   seed=process_seed(seed), logits_fn=logits_fn)
     state = [_Row() for _ in rows]
     for turn in range(searching_turns + 1):
         final = turn == searching_turns
@@ -298,60 +412,76 @@ def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg:
         if final and cfg.search:
             for b in running:
                 state[b].forced = True
-        session, outputs = generation.decode(session, cfg.max_new_tokens_per_turn, temperature=cfg.temperature,
-                                             top_p=cfg.top_p, top_k=cfg.top_k, stop=stop)
-        searching, observations = [], {}
-        for b in running:
-            row, out = state[b], outputs[b]
-            row.add(out.token_ids, 1, out.logprobs)
-            row.num_turns += 1
-            text = tokenizer.decode(out.token_ids)
-            action = protocol.parse_action(text)
-            if not cfg.search:  # no tool: the turn stops at its first </answer>, whatever came before it
-                answer = extract_answer(text)
-                action = protocol.INVALID if answer is None else protocol.Action("answer", answer)
-            if action.kind == "answer":
-                row.answer, row.end_reason = action.content, END_ANSWER
-            elif out.stop_reason == "eos":
-                row.end_reason = END_EOS
-            elif final:
-                row.end_reason = END_TURNS
-            elif action.kind == "search":
-                searching.append((b, action.content))
-            else:
-                row.invalid_actions += 1
-                observations[b] = codec.encode(protocol.INVALID_ACTION_OBSERVATION, information=False)
+        with timed(timings, "generate"):
+            session, outputs = generation.decode(session, cfg.max_new_tokens_per_turn, temperature=cfg.temperature,
+                                                 top_p=cfg.top_p, top_k=cfg.top_k, stop=stop)
+        with timed(timings, "tokenize"):
+            texts = decode_many(tokenizer, [outputs[b].token_ids for b in running])
+        searching, invalid = [], []
+        with timed(timings, "parse"):
+            for b, text in zip(running, texts):
+                row, out = state[b], outputs[b]
+                row.add(out.token_ids, 1, out.logprobs)
+                row.num_turns += 1
+                action = protocol.parse_action(text)
+                if not cfg.search:  # no tool: the turn stops at its first </answer>, whatever came before it
+                    answer = extract_answer(text)
+                    action = protocol.INVALID if answer is None else protocol.Action("answer", answer)
+                if action.kind == "answer":
+                    row.answer, row.end_reason = action.content, END_ANSWER
+                elif out.stop_reason == "eos":
+                    row.end_reason = END_EOS
+                elif final:
+                    row.end_reason = END_TURNS
+                elif action.kind == "search":
+                    searching.append((b, action.content))
+                else:
+                    row.invalid_actions += 1
+                    invalid.append(b)
+        observations = {}
+        if invalid:
+            with timed(timings, "tokenize"):
+                encoded = codec.encode_many([protocol.INVALID_ACTION_OBSERVATION] * len(invalid), information=False)
+            observations.update(zip(invalid, encoded))
         if searching:
-            results, error = _search(retriever, [q for _, q in searching], cfg.topk)
+            with timed(timings, "retrieval"):
+                results, error = _search(retriever, [q for _, q in searching], cfg.topk)
             if error is not None:
                 log.warning("rollout turn %d: the retriever failed on %d queries (%s); they get the error observation",
                             turn, len(searching), error)
-            for j, (b, query) in enumerate(searching):
-                row = state[b]
-                row.queries.append(query)
-                if results is None:
-                    row.retrieved.append([])
-                    row.retrieval_errors += 1
-                    observations[b] = codec.encode(RETRIEVAL_ERROR_OBSERVATION, information=True)
-                else:
-                    row.retrieved.append(results[j])
-                    observations[b] = codec.encode(protocol.search_observation(results[j]), information=True)
+            with timed(timings, "parse"):
+                for j, (b, query) in enumerate(searching):
+                    row = state[b]
+                    row.queries.append(query)
+                    row.retrieved.append([] if results is None else results[j])
+                    row.retrieval_errors += results is None
+                texts = [RETRIEVAL_ERROR_OBSERVATION if results is None else protocol.search_observation(results[j])
+                         for j in range(len(searching))]
+            with timed(timings, "tokenize"):
+                encoded = codec.encode_many(texts, information=True)
+            observations.update(zip([b for b, _ in searching], encoded))
         if observations:
-            for b, (ids, truncated) in observations.items():
-                state[b].add(ids, 0)
-                state[b].truncated_observations += truncated
-            session = generation.append(session, [observations[b][0] if b in observations else []
-                                                  for b in range(len(rows))])
+            with timed(timings, "parse"):
+                for b, (ids, truncated) in observations.items():
+                    state[b].add(ids, 0)
+                    state[b].truncated_observations += truncated
+            with timed(timings, "generate"):
+                session = generation.append(session, [observations[b][0] if b in observations else []
+                                                      for b in range(len(rows))])
 
+    with timed(timings, "tokenize"):
+        response_texts = decode_many(tokenizer, [row.response_ids for row in state])
     trajectories = []
-    for (i, g), row in zip(rows, state):
-        queries = row.queries
-        trajectories.append(Trajectory(
-            prompt=prompts[i], sample_index=g, prompt_ids=list(prompt_ids[i]), response_ids=row.response_ids,
-            loss_mask=row.loss_mask, sampler_logprobs=row.logprobs, response_text=tokenizer.decode(row.response_ids),
-            queries=queries, doc_ids=[[h.id for h in hits] for hits in row.retrieved], retrieved=row.retrieved,
-            answer=row.answer, num_searches=count_searches(queries), duplicate_queries=count_duplicate_queries(queries),
-            forced_termination=row.forced, valid_answer=is_valid_answer(row.answer),
-            end_reason=row.end_reason or END_TURNS, num_turns=row.num_turns, invalid_actions=row.invalid_actions,
-            retrieval_errors=row.retrieval_errors, truncated_observations=row.truncated_observations))
+    with timed(timings, "parse"):
+        for (i, g), row, text in zip(rows, state, response_texts):
+            queries = row.queries
+            trajectories.append(Trajectory(
+                prompt=prompts[i], sample_index=g, prompt_ids=list(prompt_ids[i]), response_ids=row.response_ids,
+                loss_mask=row.loss_mask, sampler_logprobs=row.logprobs, response_text=text,
+                queries=queries, doc_ids=[[h.id for h in hits] for hits in row.retrieved], retrieved=row.retrieved,
+                answer=row.answer, num_searches=count_searches(queries),
+                duplicate_queries=count_duplicate_queries(queries), forced_termination=row.forced,
+                valid_answer=is_valid_answer(row.answer), end_reason=row.end_reason or END_TURNS,
+                num_turns=row.num_turns, invalid_actions=row.invalid_actions, retrieval_errors=row.retrieval_errors,
+                truncated_observations=row.truncated_observations))
     return trajectories

@@ -121,7 +121,7 @@ def update_step_rows(args: BenchArgs, work: pathlib.Path, batch_size: int) -> li
     rows = []
     for name, reward_name in (("ig", selfplay.IG_REWARD), ("difficulty_quickstart_solver", selfplay.DIFFICULTY_REWARD)):
         workdir = work / f"run_{name}"
-        overrides = {"reward_fn": reward_name, "eval_reward_fn": reward_name, "total_steps": steps,
+        overrides = {"run": "proposer", "reward_fn": reward_name, "eval_reward_fn": reward_name, "total_steps": steps,
                      "prompts_per_step": batch_size, "batch.mini_batch_size": batch_size,
                      "batch.micro_batch_size": 1 if batch_size % 2 else 2, "eval.every": 0, "checkpoint.every": 0,
                      "logging.trajectories_per_step": 0, "logging.progress_bar": False,

@@ -149,14 +149,25 @@ def default_prompts() -> list[Prompt]:
             for q in default_questions()]
 
 
-def load_benchmark(spec: str, *, data_source: str = "") -> list[Prompt]:
-    """"default", a Search-R1 `.parquet` file, or a FlashRAG `.jsonl` file ("~" expanded)."""
+def load_benchmark(spec: str, *, data_source: str = "", manual_dir: str = "") -> list[Prompt]:
+    """"default" (the 75 FanOutQA questions), "default_qa:<train|dev|test>" (the default QA set built from the
+    corpus, searchjax.data.default_qa), "tfds:<name>/<split>" (a TFDS dataset of searchjax.data.tfds_qa, built
+    from `manual_dir` on first use), a Search-R1 `.parquet` file, or a FlashRAG `.jsonl` file ("~" expanded)."""
     if spec == "default":
         return default_prompts()
+    if spec.startswith("tfds:"):
+        from searchjax.data import tfds_qa
+        # The readers are handed down (tfds_qa builds from them) so that tfds_qa never imports this module.
+        readers = tfds_qa.Readers(read_flashrag_jsonl, read_search_r1_parquet, default_prompts)
+        return tfds_qa.load_spec(spec[len("tfds:"):], manual_dir=manual_dir or None, readers=readers)
+    if spec.startswith("default_qa:"):
+        from searchjax.data import default_qa
+        return read_flashrag_jsonl(default_qa.default_qa_path(spec[len("default_qa:"):]), data_source or "default_qa")
     spec = str(pathlib.Path(spec).expanduser())
     suffix = pathlib.Path(spec).suffix
     if suffix == ".parquet":
         return read_search_r1_parquet(spec)
     if suffix == ".jsonl":
         return read_flashrag_jsonl(spec, data_source)
-    raise ValueError(f"benchmark {spec!r}: expected 'default', a Search-R1 .parquet file or a FlashRAG .jsonl file")
+    raise ValueError(f"benchmark {spec!r}: expected 'default', 'default_qa:<split>', 'tfds:<name>/<split>', a "
+                     "Search-R1 .parquet file or a FlashRAG .jsonl file")

@@ -1,2 +1,3 @@
 """Dr.Free primitives: kg.py (Wikidata5M readers, CSR graph), chains.py (chain sampler), proposer.py (prompt and
-parsing). The self-play driver that trains the proposer is searchjax.experiment.selfplay."""
+parsing), audit.py (the shortcut audits of Tables 4, 5 and 14). The self-play driver and the three-iteration
+self-evolution are searchjax.experiment.selfplay and searchjax.experiment.self_evolution."""

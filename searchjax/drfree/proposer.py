@@ -1,14 +1,28 @@
 """Dr.Free proposer: the prompt that turns a knowledge-graph chain into one question, its output parser,
 and the grounding check.
 
-The proposer sees a relational chain e0 -r1-> e1 ... -rh-> eh (h = 1..3 hops) with one passage per entity
-and writes, without searching, one question whose answer is A = eh. The prompt (in our words, after the
-paper's Table 17) asks it to name only e0, keep the bridge entities e1..e(h-1) hidden behind their
-relations, write a single self-contained question within a hop-dependent word limit, give a short
-canonical answer, and reply as <think>...</think><question>...</question><answer>...</answer>.
+The proposer sees a relational chain e0 -r1-> e1 ... -rh-> eh (h hops) with one passage per entity and
+writes, without searching, one question whose answer is A = eh. The instruction is the versioned prompt
+file searchjax/judges/prompts/drfree_proposer.v1.txt (`PROMPT_NAME`), laid out after the paper's Table 17:
 
-`parse_proposer_output` reads that reply; `format_score` (searchjax.rewards.information_gain, Dr.Free
-eqs. 10-11) scores it; `is_grounded` is the separate grounding gate of eq. 12.
+  * a word range per hop count (`QUESTION_WORD_RANGES`);
+  * question rules Q1-Q8: one question, e0 named, no other chain entity named, bridges e1..e(h-1)
+    described only through their relations, self-contained, within the word range, a unique answer,
+    no outside facts;
+  * answer and chain rules C1-C6: the answer is eh's name as written in the chain, short (a name, date or
+    number), absent from the question, stated in the passages; the chain followed as given; no tools;
+  * a self-check for every hop k (`self_check_lines`): relation r_k is expressed and, for k < h, e_k is
+    not named; for k = h the answer is eh;
+  * the reply: reasoning inside <think>, then the final <question> and <answer>.
+
+Table 17's exact wording and numbers were not available to us (the paper's text could not be found in the
+public references we searched): the rule texts and the word ranges below are ours, written to the
+structure above; a run that has the table can add its text as drfree_proposer.v2.txt.
+
+`parse_proposer_output` reads the reply as the paper does: the FINAL <question> and <answer> blocks after
+the reasoning (drafts inside <think>, and earlier attempts, do not count). `format_score`
+(searchjax.rewards.information_gain, Dr.Free eqs. 10-11) scores it; `is_grounded` is the separate grounding
+gate of eq. 12.
 
 Chain records (`searchjax.drfree.chains.read_chain_pool`) become training prompts with `chain_prompt`: a
 `searchjax.agent.rollout.Prompt` whose `question` is the proposer's user message, whose `hops` is the
@@ -19,6 +33,7 @@ sees the chain's passages and target next to the proposer's reply (`chain_of(tra
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 from retrieval.corpus import Passage
@@ -28,51 +43,46 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 QUESTION_OPEN, QUESTION_CLOSE = "<question>", "</question>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 
-# Upper bounds on the question's length in words, by hop count: a 3-hop question has to describe two
-# hidden bridges and needs more room than a 1-hop one. Our numbers; longer chains use the 3-hop limit.
-QUESTION_WORD_LIMITS = {1: 25, 2: 35, 3: 45}
+PROMPT_NAME = "drfree_proposer.v1"  # searchjax/judges/prompts/<name>.txt
 
-_TASK = """\
-You write quiz questions from chains of facts. Below is a chain that starts at "{start}" and, following \
-{hops} relation{plural}, ends at "{target}", with a passage about each entity of the chain.
-
-Chain:
-{chain}
-
-Passages:
-{passages}
-
-Write exactly one question whose answer is "{target}".
-Rules:
-- Mention "{start}" by name and no other entity of the chain.{bridge_rule}
-- The question must stand on its own: never refer to "the chain", "the passage" or "the text".
-- Use at most {limit} words.
-- The answer is a short canonical name for "{target}" (a few words, not a sentence) and does not appear \
-in the question.
-- Do not search; rely only on the chain and the passages above.
-
-Think first inside <think> and </think>, then write the question inside <question> and </question> and the \
-answer inside <answer> and </answer>."""
-
-_BRIDGE_RULE = (
-    "\n- Keep {bridges} hidden: describe {them} only through {their} relations, so that answering the "
-    "question requires following every step of the chain."
-)
+# (min, max) words of the question by hop count: every extra hop is one more hidden bridge to describe.
+# Ours (Table 17's numbers were not available): min = 2 + 4h, max = 10 + 10h, for any h >= 1.
+QUESTION_WORD_RANGES = {h: (2 + 4 * h, 10 + 10 * h) for h in (1, 2, 3, 4)}
 
 
-def question_word_limit(hops: int) -> int:
-    """The word limit of a question about an h-hop chain."""
-    if hops < 1:
-        raise ValueError(f"hops must be >= 1, got {hops}")
-    return QUESTION_WORD_LIMITS[min(hops, max(QUESTION_WORD_LIMITS))]
+def question_word_range(hops: int) -> tuple[int, int]:
+    """(min, max) words of a question about an h-hop chain (the formula of QUESTION_WORD_RANGES for any h)."""
+    if isinstance(hops, bool) or not isinstance(hops, int) or hops < 1:
+        raise ValueError(f"hops must be an integer >= 1, got {hops!r}")
+    return 2 + 4 * hops, 10 + 10 * hops
+
+
+@functools.lru_cache(maxsize=None)
+def _template():
+    from searchjax.judges.templates import load_prompt
+    return load_prompt(PROMPT_NAME)
+
+
+def self_check_lines(entities: Sequence[str], relations: Sequence[str]) -> str:
+    """The per-hop self-check: one line per hop k = 1..h, about the step e_(k-1) -r_k-> e_k."""
+    hops = len(relations)
+    lines = []
+    for k in range(1, hops + 1):
+        step = f'- Hop {k} ("{entities[k - 1]}" --{relations[k - 1]}--> "{entities[k]}"): '
+        if k < hops:
+            lines.append(step + f'the question expresses "{relations[k - 1]}" and does not name "{entities[k]}".')
+        else:
+            lines.append(step + f'the question expresses "{relations[k - 1]}" and its only answer is "{entities[k]}".')
+    return "\n".join(lines)
 
 
 def build_proposer_prompt(entities: Sequence[str], relations: Sequence[str], passages: Sequence[str]) -> str:
     """The proposer's user message for the chain entities[0] -relations[0]-> entities[1] ... -> entities[h].
 
     entities: h + 1 names; relations: h relation labels; passages: h + 1 passage texts, passages[k] about
-    entities[k] (passages[0] is the seed/source passage).
+    entities[k] (passages[0] is the seed/source passage). The text is `PROMPT_NAME` rendered.
     """
+    from searchjax.judges.templates import render_prompt
     hops = len(relations)
     if hops < 1:
         raise ValueError("build_proposer_prompt: a chain needs at least one relation")
@@ -83,15 +93,13 @@ def build_proposer_prompt(entities: Sequence[str], relations: Sequence[str], pas
     chain = "".join(
         [f"[0] {entities[0]}"] + [f" --{relations[k]}--> [{k + 1}] {entities[k + 1]}" for k in range(hops)])
     passage_lines = "\n".join(f"[{k}] {entities[k]}: {' '.join(str(p).split())}" for k, p in enumerate(passages))
-    bridges = list(entities[1:-1])
-    bridge_rule = ""
-    if bridges:
-        names = ", ".join(f'"{b}"' for b in bridges)
-        bridge_rule = _BRIDGE_RULE.format(bridges=names, them="it" if len(bridges) == 1 else "them",
-                                          their="its" if len(bridges) == 1 else "their")
-    return _TASK.format(start=entities[0], target=entities[-1], hops=hops, plural="" if hops == 1 else "s",
-                        chain=chain, passages=passage_lines, bridge_rule=bridge_rule,
-                        limit=question_word_limit(hops))
+    bridges = ", ".join(f'"{b}"' for b in entities[1:-1]) or "a 1-hop chain has none"
+    low, high = question_word_range(hops)
+    (message,) = render_prompt(
+        _template(), start=entities[0], target=entities[-1], hops=str(hops),
+        relation_count=f"{hops} relation{'' if hops == 1 else 's'}", chain=chain, passages=passage_lines,
+        bridges=bridges, min_words=str(low), max_words=str(high), self_check=self_check_lines(entities, relations))
+    return message["content"]
 
 
 def build_proposer_messages(entities: Sequence[str], relations: Sequence[str], passages: Sequence[str]) -> list[dict]:
@@ -108,32 +116,48 @@ class ProposerOutput:
     answer: str | None
 
 
-def _first_block(text: str, open_tag: str, close_tag: str, start: int = 0) -> tuple[str, int] | None:
-    """(stripped content, end index) of the first closed block at or after `start`; linear time."""
-    i = text.find(open_tag, start)
-    if i < 0:
-        return None
-    j = text.find(close_tag, i + len(open_tag))
-    if j < 0:
-        return None
-    return text[i + len(open_tag):j].strip(), j + len(close_tag)
+def _closed_blocks(text: str, open_tag: str, close_tag: str) -> list[tuple[str, int]]:
+    """(stripped content, end index) of every closed block, left to right (an open tag is closed by the next
+    close tag); linear time."""
+    out, start = [], 0
+    while True:
+        i = text.find(open_tag, start)
+        if i < 0:
+            return out
+        j = text.find(close_tag, i + len(open_tag))
+        if j < 0:
+            return out
+        out.append((text[i + len(open_tag):j].strip(), j + len(close_tag)))
+        start = j + len(close_tag)
+
+
+def _last_block(text: str, open_tag: str, close_tag: str, start: int) -> str | None:
+    """Stripped content of the last closed block that opens at or after `start`."""
+    j = text.rfind(close_tag, start)
+    while j >= 0:
+        i = text.rfind(open_tag, start, j)
+        if i >= 0:
+            return text[i + len(open_tag):j].strip()
+        j = text.rfind(close_tag, start, j)  # a close tag with no open tag after `start`: look further left
+    return None
 
 
 def parse_proposer_output(text: str) -> ProposerOutput:
     """Parse `<think>..</think><question>..</question><answer>..</answer>`; never raises on a str.
 
-    The first closed block of each tag is taken. When a closed think block exists, question and answer are
-    read only after it: drafts inside the reasoning do not count.
+    The reasoning block ends at the last closed </think>; the question and the answer are the LAST closed
+    <question> and <answer> blocks after it (the paper reads the final tags: drafts inside the reasoning
+    and earlier attempts do not count). Without a closed think block the whole text is searched. `think`
+    is the non-empty contents of the closed think blocks joined by newlines ("" when all are empty, None
+    when there is none).
     """
     if not isinstance(text, str):
         raise TypeError(f"parse_proposer_output: expected str, got {type(text).__name__}")
-    think = _first_block(text, THINK_OPEN, THINK_CLOSE)
-    after = think[1] if think else 0
-    question = _first_block(text, QUESTION_OPEN, QUESTION_CLOSE, after)
-    answer = _first_block(text, ANSWER_OPEN, ANSWER_CLOSE, after)
-    return ProposerOutput(think=think[0] if think else None,
-                          question=question[0] if question else None,
-                          answer=answer[0] if answer else None)
+    thinks = _closed_blocks(text, THINK_OPEN, THINK_CLOSE)
+    after = thinks[-1][1] if thinks else 0
+    return ProposerOutput(think="\n".join(t for t, _ in thinks if t) if thinks else None,
+                          question=_last_block(text, QUESTION_OPEN, QUESTION_CLOSE, after),
+                          answer=_last_block(text, ANSWER_OPEN, ANSWER_CLOSE, after))
 
 
 def mentions(text: str, phrase: str) -> bool:

@@ -1,4 +1,8 @@
 """Orchestration of a run, above every primitive package (rl/, rewards/, drfree/, eval/, agent/, data/, models/):
-setup.py (components from a config: mesh, policy, tokenizer, retriever, prompts), loop.py (the RL train loop and
-its reward / rollout / advantage tables), selfplay.py (the Dr.Free proposer driver), evaluation.py (the
-evaluation run of launch/evaluate.py). Nothing below this package imports it (tests/structure/test_import_graph.py)."""
+setup.py (components from a config: mesh, policy, tokenizer, retriever, prompts), validate.py (pre-flight checks
+before anything expensive loads), run_dir.py (workdir acceptance, atomic writes, torn-line-tolerant logs, resume
+fingerprints), loop.py (the RL train loop and its reward / rollout / advantage tables), selfplay.py (the Dr.Free
+proposer step), self_evolution.py (proposer -> generation -> solver -> anchor iterations), evaluation.py (the
+evaluation run of launch/evaluate.py), rehearsal.py (the full-size host loop with a scripted policy),
+shuffled_retrieval.py (the learning run's control). Nothing below this package imports it
+(tests/structure/test_import_graph.py)."""

@@ -21,7 +21,8 @@ search, `rollout.search = False`, HRPO over hop labels).
 Outputs under `workdir`: checkpoints/ (orbax, `checkpoint.py`), metrics.jsonl (one JSON object per step),
 tb/ (TensorBoard), trajectories/step_XXXXXX.jsonl (sampled trajectories, with token ids, reusable as SFT
 demonstrations), hf/step_XXXXXX/ (optional HF export: weights, tokenizer, generation config). SIGTERM finishes the current
-step, saves a checkpoint and returns; `resume=True` continues from the latest checkpoint exactly (same
+step, saves a checkpoint and returns (multi-host: at a step every process agrees on, even when only one host got
+the signal, `searchjax.distributed.watch_preemption`); `resume=True` continues from the latest checkpoint exactly (same
 parameters, optimizer state, PRNG key and data position, so the same trajectories and metrics as an
 uninterrupted run). Which workdirs a run may start or resume in, and how the logs survive a kill:
 searchjax/experiment/run_dir.py.
@@ -31,6 +32,9 @@ Faults inside a run: an update whose loss or gradient is not finite is skipped b
 way: `update/skipped_total` grows by the step's updates). A step is "skipped" when no update of it was
 applied; `config.max_consecutive_skipped_steps` of them in a row (0 = never) stop the run with
 SkippedStepsError (no checkpoint of the skipped steps is written; resume from the last one after the fix).
+A step in which more than `config.max_failure_rate` of the searches failed (after the retrieval client's
+retries), or of the EviBack Teacher's requests (`JUDGE_FAILURE_METRICS`), stops the run with FailureRateError
+before its update: a dead service would otherwise turn every observation into an error message and train on it.
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ import importlib
 import json
 import os
 import pathlib
-import signal
 import time
 from typing import Callable, Sequence
 
@@ -49,9 +52,11 @@ import numpy as np
 
 from searchjax.experiment import run_dir, setup
 from searchjax.experiment.setup import Components  # noqa: F401  (re-exported: loop.Components)
-from searchjax.rewards.base import RewardOutput, exact_match_reward, f1_reward
+from searchjax.rewards.base import NonFiniteRewardError, RewardOutput, exact_match_reward, f1_reward
 from searchjax.rl import advantages as adv_lib
+from searchjax.agent.rollout import failure_metrics, trajectory_counters
 from searchjax.rl import batching, checkpoint, trainer
+from searchjax.tokenization import Tokenizer
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -145,16 +150,46 @@ def _lookup(table: dict, name: str, field: str):
 # ------------------------------------------------------------------------------------------------------
 # Data stream: a seeded permutation per epoch; the position is one integer (checkpointed).
 # ------------------------------------------------------------------------------------------------------
+def _epoch_orders(n: int, batch_size: int, seed: int, last_epoch: int) -> list[np.ndarray]:
+    """The prompt order of epochs 0..last_epoch: perm(seed, e), except that the batch straddling the boundary into
+    epoch e never repeats a prompt it already took from the end of epoch e - 1.
+
+    Such a batch takes its last k prompts from epoch e - 1 and its first batch_size - k from epoch e; a prompt of
+    those first ones that is among the k is swapped with the earliest later prompt of epoch e that is not (one
+    exists when batch_size <= n). Each epoch stays a permutation, so every prompt is still seen once per epoch.
+    """
+    orders = []
+    for epoch in range(last_epoch + 1):
+        order = np.random.default_rng([seed, epoch]).permutation(n)
+        boundary = epoch * n
+        k = boundary % batch_size  # prompts the straddling batch took from epoch - 1
+        if epoch > 0 and k:
+            taken = set(orders[-1][n - k:].tolist())
+            head = batch_size - k
+            spare = [j for j in range(head, n) if int(order[j]) not in taken]
+            for i in range(head):
+                if int(order[i]) in taken:
+                    j = spare.pop(0)
+                    order[i], order[j] = order[j], order[i]
+        orders.append(order)
+    return orders
+
+
 def prompt_batch(prompts: Sequence, position: int, batch_size: int, seed: int) -> tuple[list, int]:
-    """(the batch_size prompts starting at global `position`, next position); epoch e uses perm(seed, e)."""
+    """(the batch_size prompts starting at global `position`, next position); epoch e uses perm(seed, e), adjusted
+    so that a batch spanning two epochs holds no prompt twice (`_epoch_orders`): a repeated question in one step
+    would put two GRPO groups under one id."""
     n = len(prompts)
     if n == 0:
         raise ValueError("prompt_batch: no training prompts")
+    if batch_size > n:
+        raise ValueError(f"prompt_batch: {batch_size} prompts per step need at least {batch_size} distinct training "
+                         f"prompts, got {n}")
+    orders = _epoch_orders(n, batch_size, seed, (position + batch_size - 1) // n)
     out = []
     for p in range(position, position + batch_size):
         epoch, offset = divmod(p, n)
-        order = np.random.default_rng([seed, epoch]).permutation(n)
-        out.append(prompts[int(order[offset])])
+        out.append(prompts[int(orders[epoch][offset])])
     return out, position + batch_size
 
 
@@ -170,6 +205,7 @@ def rollout_metrics(trajectories: Sequence) -> dict[str, float]:
     metrics["rollout/response_length"] = float(np.mean([len(t.response_ids) for t in trajectories]))
     metrics["rollout/generated_tokens"] = float(np.mean([sum(t.loss_mask) for t in trajectories]))
     metrics["rollout/prompt_length"] = float(np.mean([len(t.prompt_ids) for t in trajectories]))
+    metrics.update(failure_metrics(trajectories))  # retrieval errors, invalid actions, truncated observations
     return metrics
 
 
@@ -248,7 +284,7 @@ def dump_trajectories(path: pathlib.Path, step: int, trajectories: Sequence, rew
                 "hops": t.prompt.hops, "response_text": t.response_text, "answer": t.answer, "reward": float(r),
                 "advantage": float(a), "queries": list(t.queries), "doc_ids": [list(d) for d in t.doc_ids],
                 "num_searches": t.num_searches, "forced_termination": t.forced_termination,
-                "prompt_ids": [int(i) for i in t.prompt_ids], "response_ids": [int(i) for i in t.response_ids],
+                **trajectory_counters(t), "prompt_ids": [int(i) for i in t.prompt_ids], "response_ids": [int(i) for i in t.response_ids],
                 "loss_mask": [int(m) for m in t.loss_mask],
                 "sampler_logprobs": [float(x) for x in t.sampler_logprobs]}) + "\n")
     run_dir.atomic_write_text(path, "".join(lines))  # a re-run step after a resume replaces its file whole
@@ -257,34 +293,76 @@ def dump_trajectories(path: pathlib.Path, step: int, trajectories: Sequence, rew
 # ------------------------------------------------------------------------------------------------------
 # The run
 # ------------------------------------------------------------------------------------------------------
-def _flag_on_sigterm():
-    """Install a SIGTERM handler that sets a flag (main thread only); returns (flag dict, restore fn)."""
-    flag = {"stop": False}
-    try:
-        previous = signal.signal(signal.SIGTERM, lambda signum, frame: flag.update(stop=True))
-    except ValueError:  # not the main thread: no handler, no clean stop
-        return flag, lambda: None
-    return flag, lambda: signal.signal(signal.SIGTERM, previous)
-
-
 def loss_config(config) -> trainer.LossConfig:
     return trainer.LossConfig(temperature=config.rollout.temperature if config.rollout.temperature > 0 else 1.0,
                               **config.loss)
 
 
+def check_batch_arithmetic(config, shards: int) -> None:
+    """Trajectories per step, mini- and micro-batches, and the mesh's `shards` batch shards fit together."""
+    n = config.prompts_per_step * config.rollout.group_size
+    u = config.batch
+    if u.mini_batch_size < 1 or n % u.mini_batch_size:
+        raise ValueError(f"config.batch.mini_batch_size={u.mini_batch_size} must divide the "
+                         f"{n} trajectories per step (prompts_per_step x rollout.group_size)")
+    if u.micro_batch_size < 1 or u.mini_batch_size % u.micro_batch_size:
+        raise ValueError(f"config.batch.micro_batch_size={u.micro_batch_size} must divide "
+                         f"batch.mini_batch_size={u.mini_batch_size}")
+    if u.micro_batch_size % shards:
+        raise ValueError(f"config.batch.micro_batch_size={u.micro_batch_size} must be a multiple of the mesh's "
+                         f"{shards} batch shards (data x fsdp)")
+
+
 def validate(config, mesh) -> None:
     """Batch-size arithmetic on the run's mesh (the launchers check the whole config earlier, before any
     load: searchjax/experiment/validate.py)."""
-    from searchjax.experiment.validate import check_batch_arithmetic
     from searchjax.sharding import batch_shard_count
     check_batch_arithmetic(config, batch_shard_count(mesh))
+
+
+def check_names(config) -> None:
+    """Every registry name the config uses is an entry of the tables above."""
+    names = (("rollout_fn", config.rollout_fn, ROLLOUT_FNS), ("reward_fn", config.reward_fn, REWARD_FNS),
+             ("eval_reward_fn", config.eval_reward_fn, REWARD_FNS),
+             ("advantage.estimator", config.advantage.estimator, ADVANTAGE_FNS))
+    for field, name, table in names:
+        if name not in table:
+            raise ValueError(f"config.{field}={name!r} is not registered; valid: {sorted(table)}")
 
 
 class SkippedStepsError(RuntimeError):
     """config.max_consecutive_skipped_steps steps in a row applied no update (non-finite rewards or losses)."""
 
 
-DEFAULT_MAX_SKIPPED_STEPS = 10  # for configs without the field
+class FailureRateError(RuntimeError):
+    """More than config.max_failure_rate of one step's searches or Teacher requests failed: the run stops."""
+
+
+# Judge failures a reward reports in its metrics: failed-request key -> the keys of the requests asked (summed).
+# (CCS and the Constitutional Judge check their own rate inside their reward: searchjax/rewards/judge_failures.py.)
+JUDGE_FAILURE_METRICS = {"eviback/teacher_failures": ("eviback/stage_a_requests", "eviback/stage_b_requests")}
+
+
+def check_failure_rate(step: int, what: str, failed: float, asked: float, max_rate: float, hint: str) -> None:
+    """Raise FailureRateError when failed / asked, summed over every process, exceeds max_rate (a collective:
+    every process calls it and every process raises, so none is left waiting in the next step's collectives)."""
+    from searchjax import distributed
+    failed, asked = np.sum(distributed.allgather(np.asarray([[failed, asked]], np.float64)), axis=0)
+    if asked and failed / asked > max_rate:
+        raise FailureRateError(f"stopped at step {step}: {int(failed)} of {int(asked)} {what} failed "
+                               f"({failed / asked:.1%}), above config.max_failure_rate={max_rate}; {hint}. Nothing "
+                               "of this step was trained on or saved: fix the cause, then --resume")
+
+
+def score(reward_fn, trajectories) -> tuple[RewardOutput, str]:
+    """(reward output, "" or why the rewards are not finite). A reward function whose output was refused for
+    non-finite values yields NaN rewards for every trajectory and the refusal as the reason."""
+    try:
+        return reward_fn(trajectories), ""
+    except NonFiniteRewardError as e:  # RewardOutput refuses non-finite rewards (searchjax/rewards/base.py)
+        placeholder = RewardOutput(rewards=np.zeros(len(trajectories), np.float32))
+        placeholder.rewards = np.full(len(trajectories), np.nan, np.float32)  # unknown: logged as non-finite
+        return placeholder, f"non-finite reward ({e})"
 
 
 def _all_processes(flag: bool) -> bool:
@@ -296,11 +374,10 @@ def _all_processes(flag: bool) -> bool:
 def train(config, workdir: str | os.PathLike, *, resume: bool = False,
           components: Components | None = None) -> dict[str, float]:
     """Run `config.total_steps` RL steps (or continue them); returns the last step's metrics."""
-    from searchjax.experiment import validate as checks
     from searchjax.rl import sft
     workdir = pathlib.Path(workdir)
     if components is None:
-        checks.check_names(config)  # before the expensive build (tests pass their own components and tables)
+        check_names(config)  # before the expensive build (tests pass their own components and tables)
     fingerprints = run_dir.accept(workdir, config, resume=resume)  # before anything loads or is written
     if jax.process_index() == 0:
         run_dir.record(workdir, config, fingerprints)
@@ -341,7 +418,7 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
         skipped_in_row = 0
     del params
 
-    max_skipped = config.get("max_consecutive_skipped_steps", DEFAULT_MAX_SKIPPED_STEPS)
+    max_skipped = config.max_consecutive_skipped_steps
     rollout_fn = _lookup(ROLLOUT_FNS, config.rollout_fn, "rollout_fn")
     reward_fn = _lookup(REWARD_FNS, config.reward_fn, "reward_fn")(config, components, workdir)
     eval_reward_fn = (reward_fn if config.eval_reward_fn == config.reward_fn else
@@ -356,7 +433,9 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
     u = config.batch
     writer = MetricWriter(workdir, start, enabled=is_main)
     updates_per_step = u.epochs * -(-config.prompts_per_step * config.rollout.group_size // u.mini_batch_size)
-    flag, restore_handler = _flag_on_sigterm()
+    # SIGTERM -> save and stop, at a step every process agrees on (JAX's preemption sync point when multi-host).
+    from searchjax import distributed
+    preempted, restore_handler = distributed.watch_preemption()
     progress = _progress(config, start)
     metrics: dict[str, float] = {}
     try:
@@ -371,11 +450,19 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
             t0 = time.perf_counter()
             trajectories = rollout_fn(components, policy, prompts, rollout_cfg, seed)
             t_rollout = time.perf_counter() - t0
+            step_failures = failure_metrics(trajectories)
+            check_failure_rate(step, "searches", step_failures["rollout/retrieval_errors"],
+                               step_failures["rollout/searches_sent"], config.max_failure_rate,
+                               "is the retrieval server up (config.retrieval)? the log has each error")
             t0 = time.perf_counter()
-            reward = reward_fn(trajectories)
+            reward, nonfinite = score(reward_fn, trajectories)
             t_reward = time.perf_counter() - t0
+            check_failure_rate(step, "Teacher requests", sum(reward.metrics.get(k, 0.0) for k in JUDGE_FAILURE_METRICS),
+                               sum(reward.metrics.get(k, 0.0) for keys in JUDGE_FAILURE_METRICS.values() for k in keys),
+                               config.max_failure_rate, "is the judge endpoint up (config.teacher)? the audit file "
+                               "has each error")
             rewards = np.asarray(reward.rewards)
-            finite_rewards = _all_processes(bool(np.isfinite(rewards).all()))
+            finite_rewards = _all_processes(not nonfinite and bool(np.isfinite(rewards).all()))
             t_logprob = t_update = 0.0
             if finite_rewards:
                 advantages = advantage_fn(reward.rewards, trajectories, config.advantage)
@@ -415,7 +502,7 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
                 state = state.replace(step=jax.device_put(state.step + updates_per_step, shardings.step),
                                       skipped=jax.device_put(state.skipped + updates_per_step, shardings.skipped))
                 skipped = True
-                reason = f"non-finite reward ({int(np.sum(~np.isfinite(rewards)))} of {rewards.size} on this process)"
+                reason = nonfinite or f"non-finite reward ({int(np.sum(~np.isfinite(rewards)))} of {rewards.size})"
                 update_metrics = {"update/update_skipped": 1.0, "update/skipped_total": float(jax.device_get(state.skipped))}
             skipped_in_row = skipped_in_row + 1 if skipped else 0
 
@@ -432,7 +519,7 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
             if config.eval.every > 0 and step % config.eval.every == 0:
                 metrics.update(evaluate(config, components, state.params, rollout_fn, eval_reward_fn, rollout_cfg))
             metrics["time/step"] = time.perf_counter() - t_step
-            metrics["perf/tokens_per_s"] = sum(len(t.prompt_ids) + len(t.response_ids)
+            metrics["time/tokens_per_s"] = sum(len(t.prompt_ids) + len(t.response_ids)
                                                for t in trajectories) / metrics["time/step"]
             metrics["host/peak_rss_gib"] = peak_rss_gib()
             writer.write(step, metrics)
@@ -448,12 +535,13 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
                     f"stopped at step {step}: {skipped_in_row} consecutive steps applied no update (the last: "
                     f"{reason}; config.max_consecutive_skipped_steps={max_skipped}); the newest checkpoint is "
                     f"step {checkpoint.latest_step(manager)}: fix the cause, then --resume")
-            stop = flag["stop"]
+            stop = preempted(step)  # every process, every step: no process may enter a save alone
             if stop or step == config.total_steps or (config.checkpoint.every > 0 and step % config.checkpoint.every == 0):
                 checkpoint.save(manager, step, state, {"rng": rng.tolist(), "data_position": position, "step": step,
                                                        "skipped_in_row": skipped_in_row})
                 if config.checkpoint.export_hf:  # every process takes part (the weights are gathered)
-                    checkpoint.export_hf(model, state.params, workdir / "hf" / f"step_{step:06d}", tokenizer=tokenizer)
+                    checkpoint.export_hf(model, state.params, workdir / "hf" / f"step_{step:06d}",
+                                         tokenizer=tokenizer if isinstance(tokenizer, Tokenizer) else None)
             if stop:
                 break
     finally:
@@ -485,7 +573,7 @@ def step_line(step: int, total: int, metrics: dict, skipped_reason: str = "") ->
              f"valid {metrics.get('rollout/answer/valid_rate', float('nan')):.2f}",
              f"searches {metrics.get('rollout/search/mean', float('nan')):.2f}",
              f"kl {kl:.2e}" if kl is not None else "kl -", f"{metrics['time/step']:.1f}s",
-             f"{metrics['perf/tokens_per_s']:.0f} tok/s"]
+             f"{metrics['time/tokens_per_s']:.0f} tok/s"]
     if "eval/reward" in metrics:
         parts.append(f"eval {metrics['eval/reward']:.3f}")
     if skipped_reason:

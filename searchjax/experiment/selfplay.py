@@ -3,7 +3,7 @@ r"""Dr.Free proposer training: chain prompts -> one proposal each (no search) ->
 One proposer step, run by the trainer's host loop (`searchjax.experiment.loop.train`) with three named parts:
 
     rollout_fn  "drfree_proposer"          `proposer_rollout`: one generation per chain prompt (group_size 1),
-                                           a single turn without tools that stops at </answer>
+                                           a single turn without tools that stops at EOS
     reward_fn   "drfree_information_gain"  `searchjax.rewards.information_gain.information_gain_reward`
                                            (eq. 12) with a frozen anchor
               | "drzero_difficulty"        Dr.Zero's difficulty reward (`searchjax.rewards.difficulty`),
@@ -322,7 +322,8 @@ def apply_hop_ratio(prompts: Sequence, hops: Sequence[int], ratio: Sequence[int]
 
 
 def train_proposer(config, workdir: str | os.PathLike, *, resume: bool = False, components=None) -> dict[str, float]:
-    """Train the proposer for config.total_steps steps through `searchjax.experiment.loop.train`; the last step's metrics."""
+    """Train the proposer for config.total_steps steps through `searchjax.experiment.loop.train`; the last step's
+    metrics."""
     from searchjax.experiment import loop
     components = components or build_components(config, workdir)
     return loop.train(config, workdir, resume=resume, components=components)

@@ -134,6 +134,9 @@ def build_components(config):
     model, params, tokenizer = load_policy(config.model.path, dtype=config.model.dtype,
                                            param_dtype=config.model.param_dtype, tokenizer=config.model.tokenizer,
                                            mesh=mesh, progress=progress)
+    if config.sft.demonstrations:  # token ids written with another tokenizer would train on garbage
+        from searchjax.data.demonstrations import check_demonstrations
+        check_demonstrations(config.sft.demonstrations, tokenizer)
     model = Transformer(model.config.replace(remat_policy=config.model.remat_policy))
     return Components(model=model, params=params, tokenizer=tokenizer,
                       retriever=build_retriever(config.retrieval, progress=progress),

@@ -7,8 +7,9 @@ Layout of one row (B rows, T = P + R columns):
 
 so every response starts at column P, the prompt's last token sits at column P - 1, and the model's
 positions come from the attention mask (cumsum - 1), which makes left padding invisible to it. P and R
-are the smallest buckets that fit the batch's longest prompt and response, so a run compiles the
-update at most len(prompt_buckets) x len(response_buckets) times.
+are the smallest buckets that fit the batch's longest prompt and response (over every process's batch:
+multi-host, all processes must agree on the shape), so a run compiles the update at most
+len(prompt_buckets) x len(response_buckets) times.
 
 Per-token arrays are aligned with `searchjax.scoring.token_logprobs`, which returns [B, T - 1] with
 column j = log p(input_ids[:, j + 1] | input_ids[:, :j + 1]): response token i of a row (column P + i)
@@ -63,6 +64,18 @@ def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def agreed_maxima(local: Sequence[int]) -> list[int]:
+    """Element-wise maxima of `local` over every process (itself on one process).
+
+    The trainer assembles a global batch from each process's rows (`jax.make_array_from_process_local_data`),
+    which needs the same [rows, P + R] on every process; each process pads to the largest bucket any of them
+    needs. A collective: every process must call it, as `make_batch` is called once per step by each.
+    """
+    from searchjax import distributed
+    gathered = distributed.allgather(np.asarray([list(local)], np.int64))
+    return [int(v) for v in np.max(gathered, axis=0)]
+
+
 def make_batch(trajectories: Sequence[Any], advantages: np.ndarray, *, pad_id: int,
                prompt_buckets: Sequence[int], response_buckets: Sequence[int],
                row_multiple: int = 1) -> Batch:
@@ -70,6 +83,9 @@ def make_batch(trajectories: Sequence[Any], advantages: np.ndarray, *, pad_id: i
 
     advantages: [N] float32, one per trajectory. row_multiple: the row count is padded up to a multiple
     of it (the micro-batch size, itself a multiple of the mesh's batch shards).
+
+    Multi-host: P, R and the row count are the largest any process needs (`agreed_maxima`), so every
+    process's batch has the same shape; a process with fewer trajectories pads with all-masked rows.
     """
     n = len(trajectories)
     if n == 0:
@@ -84,9 +100,11 @@ def make_batch(trajectories: Sequence[Any], advantages: np.ndarray, *, pad_id: i
         if len(t.loss_mask) != r or len(t.sampler_logprobs) != r:
             raise ValueError(f"make_batch: trajectory {i} has {r} response_ids but {len(t.loss_mask)} loss_mask "
                              f"and {len(t.sampler_logprobs)} sampler_logprobs entries")
-    p_len = bucket_length(max(len(t.prompt_ids) for t in trajectories), prompt_buckets, "prompt")
-    r_len = bucket_length(max(max(len(t.response_ids) for t in trajectories), 1), response_buckets, "response")
-    rows = round_up(n, row_multiple)
+    longest = agreed_maxima([max(len(t.prompt_ids) for t in trajectories),
+                             max(max(len(t.response_ids) for t in trajectories), 1), round_up(n, row_multiple)])
+    p_len = bucket_length(longest[0], prompt_buckets, "prompt")
+    r_len = bucket_length(longest[1], response_buckets, "response")
+    rows = longest[2]
     total = p_len + r_len
     input_ids = np.full((rows, total), pad_id, np.int32)
     attention_mask = np.zeros((rows, total), bool)

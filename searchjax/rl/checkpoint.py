@@ -12,8 +12,13 @@ mid-save leaves the previous checkpoint intact; `max_to_keep` bounds the number 
 synchronous: the train state is donated to the next update, so its buffers must be written before the
 update may reuse them.
 
-`export_hf` writes the policy as an HF directory (config.json + safetensors) with
-`searchjax.models.save_pretrained`, in the model's param dtype, for transformers/vLLM users.
+`export_hf` writes the policy as an HF model directory in the model's param dtype, in the layout
+transformers' `from_pretrained` and vLLM read: config.json (architectures, model_type) and model.safetensors
+(or shards + model.safetensors.index.json) from `searchjax.models.save_pretrained`; with the run's
+tokenizer, tokenizer.json + tokenizer_config.json (chat template inside) from
+`searchjax.tokenization.save_tokenizer`; generation_config.json (bos / eos / pad ids, every eos the
+tokenizer stops on). The directory is assembled under a temporary name and renamed when complete, so
+a reader never sees half an export.
 """
 
 from __future__ import annotations
@@ -99,10 +104,37 @@ def _restore_arg(x: jax.ShapeDtypeStruct) -> ocp.ArrayRestoreArgs:
     return ocp.ArrayRestoreArgs(sharding=sharding, global_shape=x.shape)
 
 
-def export_hf(model, params: Any, directory: str | os.PathLike) -> pathlib.Path:
-    """The policy as an HF checkpoint directory (model's param dtype); written by process 0 only."""
+def generation_config(model_config, tokenizer=None) -> dict:
+    """generation_config.json: the ids generation needs (sampling settings are left to the caller)."""
+    eos = list(dict.fromkeys([*model_config.eos_token_ids, *(tokenizer.eos_token_ids if tokenizer else ())]))
+    pad = tokenizer.pad_token_id if tokenizer is not None else model_config.pad_token_id
+    return {"bos_token_id": model_config.bos_token_id, "eos_token_id": eos[0] if len(eos) == 1 else eos,
+            "pad_token_id": pad}
+
+
+def export_hf(model, params: Any, directory: str | os.PathLike, *, tokenizer=None) -> pathlib.Path:
+    """The policy (and its tokenizer) as an HF model directory (module docstring). Every process must call
+    it: the weights are gathered from all of them; process 0 writes."""
+    import json
+    import shutil
     from searchjax.models import save_pretrained
     from searchjax.rl.trainer import cast_tree
-    if jax.process_index() != 0:
-        return pathlib.Path(directory)
-    return save_pretrained(model, cast_tree(params, model.config.weight_dtype), directory)
+    directory = pathlib.Path(directory).absolute()
+    staging = directory.with_name(directory.name + ".partial")
+    writer = jax.process_index() == 0
+    if writer and staging.exists():
+        shutil.rmtree(staging)  # a previous export killed half way
+    save_pretrained(model, cast_tree(params, model.config.weight_dtype), staging)
+    if writer:
+        if tokenizer is not None:
+            from searchjax.tokenization import save_tokenizer
+            save_tokenizer(tokenizer, staging, model_max_length=model.config.max_position_embeddings)
+        (staging / "generation_config.json").write_text(json.dumps(generation_config(model.config, tokenizer),
+                                                                   indent=2) + "\n")
+        if directory.exists():  # the same step exported again (a resumed run re-running it)
+            shutil.rmtree(directory)
+        os.replace(staging, directory)
+    if jax.process_count() > 1:  # the others return once the directory is complete
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(f"export_hf {directory}")
+    return directory

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import pathlib
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -74,11 +74,12 @@ def sft_batch(demonstrations: Sequence[Any], step: int, batch_size: int, seed: i
 
 
 def warm_start(config, model, params: Any, param_shardings: Any, mesh, demonstrations: Sequence[Any], *,
-               pad_id: int) -> tuple[Any, list[dict[str, float]]]:
+               pad_id: int, on_step: Callable[[int, dict], None] | None = None) -> tuple[Any, list[dict[str, float]]]:
     """`config.sft.steps` SFT steps from `params`; returns (params in the model's param dtype, per-step metrics).
 
     Uses a fresh AdamW (config.sft.learning_rate / warmup_steps; betas, eps, weight decay and clipping
-    from config.optim); the optimizer state is discarded afterwards, as RL starts its own.
+    from config.optim); the optimizer state is discarded afterwards, as RL starts its own. on_step(step, metrics)
+    is called after each step (1-based), e.g. to print progress: a CPU warm start takes minutes.
     """
     import jax
     s = config.sft
@@ -105,4 +106,6 @@ def warm_start(config, model, params: Any, param_shardings: Any, mesh, demonstra
         tail = batching.loss_columns(batch)
         state, metrics = step_fn(state, trainer.place_batch(stacked, mesh, stacked=True), tail)
         history.append({k: float(v) for k, v in jax.device_get(metrics).items()})
+        if on_step is not None:
+            on_step(step + 1, history[-1])
     return trainer.cast_tree(state.params, model.config.weight_dtype), history

@@ -47,11 +47,11 @@ def _drfree_config():
     config = module.get_config("quickstart_smoke")
     config.prompts_per_step = 6
     config.rollout.max_new_tokens_per_turn = 48
-    config.rollout.max_cache_len = 512 + 48
+    config.rollout.max_cache_len = 1024 + 48  # Table-17 prompts of the crafted chains: 650-800 tokens
     config.rollout.temperature = 1.0
     config.batch.mini_batch_size = 6
     config.batch.micro_batch_size = 3
-    config.batch.prompt_buckets = (512,)
+    config.batch.prompt_buckets = (1024,)
     config.batch.response_buckets = (64,)
     config.optim.learning_rate = 1e-2  # large enough to move the tiny model visibly in one step
     config.eval.every = 0
@@ -165,5 +165,5 @@ def test_hrpo_config_paper_settings_and_sections_build(variant):
     if variant == "":  # the paper's proposer settings
         assert (config.prompts_per_step, config.total_steps, config.chains.max_prompt_tokens) == (256, 50, 2560)
         assert (config.optim.learning_rate, config.optim.weight_decay, config.optim.max_grad_norm) == (1e-6, 0.01, 0.1)
-        assert config.optim.warmup_steps == math.ceil(0.03 * 50)  # one optimizer update per step
-        assert config.batch.mini_batch_size == 256 and config.batch.prompt_buckets[-1] == 2560
+        assert config.optim.warmup_steps == math.ceil(0.03 * 100)  # PPO mini-batch 128: two updates per step
+        assert config.batch.mini_batch_size == 128 and config.batch.prompt_buckets[-1] == 2560

@@ -21,16 +21,17 @@ def test_proposer_chain_prompt_fields_and_text():
         ("chains/h3-000000", 3, ("Taiwan",), "chains")
     assert prompt.metadata["chain"] is CHAIN_3
     text = prompt.question
-    assert text.startswith('You write quiz questions from chains of facts. Below is a chain that starts at '
-                           '"Crouching Tiger" and, following 3 relations, ends at "Taiwan"')
+    assert text.startswith('You write one quiz question from a chain of facts. The chain below starts at '
+                           '"Crouching Tiger" and, following 3 relations, ends at "Taiwan".')
     assert ('[0] Crouching Tiger --director--> [1] Ang Lee --place of birth--> [2] Pingtung County '
             '--country--> [3] Taiwan') in text
     assert "[2] Pingtung County: Pingtung County is a county in southern Taiwan." in text
-    assert 'Keep "Ang Lee", "Pingtung County" hidden: describe them only through their relations' in text
-    assert "Use at most 45 words." in text
-    # one hop: no bridge to hide, the 1-hop word limit
+    assert 'hidden bridge entities ("Ang Lee", "Pingtung County")' in text
+    assert "Q6. Use between 14 and 40 words." in text
+    # one hop: no bridge to hide, the 1-hop word range
     one = proposer.chain_prompt(CHAIN_1).question
-    assert "hidden" not in one and "Use at most 25 words." in one and "following 1 relation," in one
+    assert "hidden bridge entities (a 1-hop chain has none)" in one and "Q6. Use between 6 and 20 words." in one
+    assert "following 1 relation," in one
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -110,7 +111,8 @@ def test_proposer_held_out_split_round_robin_over_hops():
 
 
 def test_proposer_rollout_scripted(drfree_tokenizer):
-    """Single turn, no tool: row r generates its script up to the first </answer> and stops there."""
+    """Single turn, no tool: row r generates its script up to EOS or the budget (a </answer> does not stop it:
+    the reply is read from its final tags)."""
     tok = drfree_tokenizer
     prompts = [proposer.chain_prompt(CHAIN_2), proposer.chain_prompt(CHAIN_1)]
     replies = [reply("Where was the director of Crouching Tiger born?", "Pingtung County") + " trailing text",
@@ -122,16 +124,15 @@ def test_proposer_rollout_scripted(drfree_tokenizer):
     reply_ids = [tok.encode(r) for r in replies]
     reply_ids[3] = reply_ids[3] + [eos]
     scripts = [prompt_ids[r // 2] + reply_ids[r] for r in range(4)]  # prompt-major, group_size 2
-    cfg = RolloutConfig(group_size=2, max_turns=0, max_new_tokens_per_turn=48, max_cache_len=1024, search=False,
+    cfg = RolloutConfig(group_size=2, max_turns=0, max_new_tokens_per_turn=48, max_cache_len=1024 + 48, search=False,
                         temperature=1.0)
     logits_fn = scripted_logits_fn(scripts, eos, tok.vocab_size)
     out = selfplay.proposer_rollout(None, None, tok, prompts, cfg, seed=3, logits_fn=logits_fn)
     assert [(t.prompt.uid, t.sample_index) for t in out] == [
         ("chains/h2-000000", 0), ("chains/h2-000000", 1), ("chains/h1-000000", 0), ("chains/h1-000000", 1)]
-    first = tok.encode(replies[0].removesuffix(" trailing text"))
-    assert out[0].response_ids == first and out[0].response_text == tok.decode(first)
-    assert (out[0].answer, out[0].end_reason, out[0].valid_answer) == ("Pingtung County", "answer", True)
-    assert out[1].response_ids == reply_ids[1] and out[1].answer == "Ang Lee"
+    assert out[0].response_ids == reply_ids[0] + [eos] and out[0].response_text == tok.decode(reply_ids[0] + [eos])
+    assert (out[0].answer, out[0].end_reason, out[0].valid_answer) == ("Pingtung County", "eos", True)
+    assert out[1].response_ids == reply_ids[1] + [eos] and out[1].answer == "Ang Lee"
     assert out[2].response_ids == reply_ids[2][:48] and (out[2].answer, out[2].end_reason) == (None, "turns")
     assert out[3].response_ids == reply_ids[3] and (out[3].answer, out[3].end_reason) == (None, "eos")
     for t in out:

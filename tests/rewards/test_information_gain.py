@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from searchjax.drfree.proposer import (build_proposer_messages, build_proposer_prompt, is_grounded,
-                                       parse_proposer_output, question_word_limit)
+                                       parse_proposer_output, question_word_range)
 from searchjax.rewards.information_gain import format_score, information_gain, proposer_reward
 
 
@@ -90,12 +90,12 @@ def test_proposer_prompt_names_the_chain_and_hides_bridges():
     prompt = build_proposer_prompt(entities, ["director", "country of citizenship"],
                                    ["Crouching Tiger is a film.", "Ang Lee is a\n director.", "Taiwan is ..."])
     assert '[0] Crouching Tiger, Hidden Dragon --director--> [1] Ang Lee --country of citizenship--> [2] Taiwan' in prompt
-    assert 'whose answer is "Taiwan"' in prompt and 'Keep "Ang Lee" hidden' in prompt
-    assert f"at most {question_word_limit(2)} words" in prompt
+    assert 'whose answer is "Taiwan"' in prompt and 'hidden bridge entities ("Ang Lee")' in prompt
+    assert "Q6. Use between {} and {} words.".format(*question_word_range(2)) in prompt
     assert "[1] Ang Lee: Ang Lee is a director." in prompt              # passages on one line each
     assert "<think>" in prompt and "<question>" in prompt and "<answer>" in prompt
     single = build_proposer_messages(["Paris", "France"], ["country"], ["Paris is in France.", "France ..."])
-    assert single[0]["role"] == "user" and "hidden" not in single[0]["content"]
+    assert single[0]["role"] == "user" and "a 1-hop chain has none" in single[0]["content"]
     with pytest.raises(ValueError, match="need 3 passages"):
         build_proposer_prompt(entities, ["r1", "r2"], ["p0", "p1"])
 

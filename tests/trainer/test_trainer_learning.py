@@ -10,13 +10,19 @@ start, in a new world (new colours):
 
 * learning run: searching finds the colour, answering blind scores 1/8, so GRPO raises the probability
   of searching and the mean reward rises;
-* control run: identical, except that the retriever returns another entity's passage (a fixed
-  derangement), so the evidence is unrelated to the question.
+* control run: identical, except that every search returns the passage of another entity (the production
+  control, searchjax/experiment/shuffled_retrieval.py, with the entity names as its pool: a query naming an
+  entity gets another entity's passage), so the evidence is unrelated to the question.
 
-The check: mean reward over the last 6 steps minus the first step's (the warm-started policy's, before
-any update) exceeds MARGIN = 0.35 in the learning run and not in the control.
+Checks, on two seeds (warm start, rollouts and substitution): (1) mean reward over the last 6 steps minus the
+first step's (the warm-started policy's, before any update) exceeds MARGIN = 0.35 in the learning run and not in
+the control; (2) the learning run's search rate rises by more than 0.3; (3) the control's search rate stays
+flat: its mean over steps 2..RL_STEPS differs from step 1's by less than SEARCH_FLAT = 0.25. Check (3) is what
+fails for a trainer that raises searching whatever the reward (a length bias, a sign error in the mask):
+`test_control_search_rate_catches_a_length_biased_trainer` runs the control with advantages that leak the
+response length and asserts that (3) is violated.
 
-Why the margin cannot be met by chance. In the control the policy never sees the asked entity's colour
+Why the reward margin cannot be met by chance. In the control the policy never sees the asked entity's colour
 (colours are i.i.d. over entities, and each name is asked in one step only, so nothing can be memorised
 across steps): every valid answer is correct with probability exactly 1/8, whatever the policy, so
 E[mean reward] = valid-answer rate / 8 <= 1/8 at every step. Counting each group of 4 as a single
@@ -24,8 +30,15 @@ Bernoulli(1/8) trial (its answers may be identical), the windows hold 16 and 96 
 the difference of their means has standard deviation <= sqrt((1/8)(7/8)(1/16 + 1/96)) = 0.089. The largest
 systematic change the control allows is 1/8 x the change of the valid-answer rate, which the test also holds
 above 0.8 at every step: <= 0.025; MARGIN exceeds it by 0.325 = 3.6 standard deviations (one-sided
-p < 2e-4). The learning run starts near 0.2 x 0.95 + 0.8 / 8 = 0.3 (searching ~20% of the time, reading
-~95% right) and can climb towards 0.95; over seeds 0-4 its gain was 0.51-0.66 and the control's -0.03-0.05.
+p < 2e-4).
+
+Why the search rate is a fair control statistic. In the control, searching and answering blind both score 1/8
+in expectation (searching copies a random other entity's colour: sum_c p_c^2 - 1/8 ~ 0.003 above blind for the
+world's colour frequencies p_c), so a correct GRPO has no expected gradient on the search decision and the
+search rate only drifts (Adam's normalised steps make the drift a random walk). Measured (2 CPU cores,
+2026-12-01): learning run search rate 0.06 -> ~1.0 (seed 0) and 0.12 -> ~1.0 (seed 1), reward gains (1) 0.70 and
+0.68; control search-rate change (3) +0.04 and +0.08 (it wanders up to 0.36 / 0.47 by step 10); the
+length-biased trainer's control +0.54 (searching 0.06 -> 0.94 within 3 steps). The three tests take ~70 s of CPU.
 """
 
 import json
@@ -37,10 +50,13 @@ import pytest
 import trainer_synthetic_task as task
 from test_trainer_resume import load_config_module
 
-from searchjax.rl import sft
 from searchjax.experiment import loop, setup
+from searchjax.rl import sft
 
 MARGIN = 0.35
+SEARCH_FLAT = 0.25  # the control's search rate may move less than this (steps 2.. vs step 1)
+LENGTH_BONUS = 0.25  # the length-biased trainer's leak: + LENGTH_BONUS x response length / longest of the step
+SEEDS = (0, 1)  # warm start (model init, name order, demonstrations), rollout seed and control substitution
 FIRST, LAST = 1, 6  # windows (steps); the first step's reward is the warm-started policy's
 RL_STEPS = 10  # 16 new names per step (256 names)
 SFT_STEPS, MIX_STEPS, MIX_LR, MIX_SEARCH_FRACTION = 300, 30, 1e-3, 0.15
@@ -64,8 +80,15 @@ def task_config(total_steps: int):
 
 
 @pytest.fixture(scope="module")
-def warm_start(task_tokenizer):
-    return make_warm_start(task_tokenizer[1], seed=0)
+def warm_starts(task_tokenizer):
+    """seed -> make_warm_start(tokenizer, seed), each built once per module."""
+    built = {}
+
+    def get(seed: int):
+        if seed not in built:
+            built[seed] = make_warm_start(task_tokenizer[1], seed)
+        return built[seed]
+    return get
 
 
 def make_warm_start(tokenizer, seed: int):
@@ -91,36 +114,70 @@ def make_warm_start(tokenizer, seed: int):
     return model, params, tokenizer, names, history + mix_history
 
 
-def _rl_rewards(warm_start, workdir: pathlib.Path, shuffled: bool) -> tuple[np.ndarray, list]:
+def _rl_rows(warm_start, workdir: pathlib.Path, seed: int, shuffled: bool) -> list[dict]:
+    """metrics.jsonl rows of RL_STEPS GRPO steps from the warm start, in a new world (new colours)."""
     from retrieval.bm25 import BM25Index
+    from searchjax.experiment.shuffled_retrieval import ShuffledRetriever
     model, params, tokenizer, names, _ = warm_start
     colours = task.world(2)  # a world the demonstrations never showed
     retriever = BM25Index.build(task.passages(colours))
-    if shuffled:
-        retriever = task.ShuffledRetriever(retriever, colours)
+    if shuffled:  # the pool is the entity names, i.e. what the expert searches: a substitute is never the asked one
+        retriever = ShuffledRetriever(retriever, sorted(colours), seed=seed)
     components = loop.Components(model=model, params=params, tokenizer=tokenizer, retriever=retriever,
                                  train_prompts=task.prompts(names, colours, "rl"), eval_prompts=[])
     config = task_config(RL_STEPS)
-    config.sft.steps = 0  # the components' params are already warm-started (the `warm_start` fixture)
+    config.seed = seed
+    config.sft.steps = 0  # the components' params are already warm-started (the `warm_starts` fixture)
     loop.train(config, workdir, components=components)
-    rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    return np.asarray([r["reward/mean"] for r in rows]), rows
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_grpo_learns_to_search_only_when_retrieval_is_informative(warm_start, tmp_path):
-    history = warm_start[4]
+def change(rows: list[dict], key: str, last: int = LAST) -> float:
+    """Mean of `key` over the last `last` steps minus its mean over the first FIRST steps."""
+    values = np.asarray([r[key] for r in rows])
+    return float(values[-last:].mean() - values[:FIRST].mean())
+
+
+def search_drift(rows: list[dict]) -> float:
+    """Check (3)'s statistic: mean search rate over every step after the first minus the first step's."""
+    return change(rows, "rollout/search/mean", last=len(rows) - FIRST)
+
+
+def _series(rows: list[dict], key: str) -> list[float]:
+    return [round(r[key], 2) for r in rows]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_grpo_learns_to_search_only_when_retrieval_is_informative(warm_starts, tmp_path, seed):
+    history = warm_starts(seed)[4]
     assert history[SFT_STEPS - 1]["loss/sft"] < 0.1 * history[0]["loss/sft"]
-    rewards, rows = _rl_rewards(warm_start, tmp_path / "learn", shuffled=False)
-    control, control_rows = _rl_rewards(warm_start, tmp_path / "control", shuffled=True)
-    summary = (f"rewards {np.round(rewards, 2).tolist()}\ncontrol {np.round(control, 2).tolist()}\n"
-               f"searches {[round(r['rollout/search/mean'], 2) for r in rows]}\n"
-               f"control searches {[round(r['rollout/search/mean'], 2) for r in control_rows]}")
+    rows = _rl_rows(warm_starts(seed), tmp_path / "learn", seed, shuffled=False)
+    control_rows = _rl_rows(warm_starts(seed), tmp_path / "control", seed, shuffled=True)
+    summary = (f"seed {seed}\nrewards {_series(rows, 'reward/mean')}\ncontrol {_series(control_rows, 'reward/mean')}\n"
+               f"searches {_series(rows, 'rollout/search/mean')}\n"
+               f"control searches {_series(control_rows, 'rollout/search/mean')}")
     print(summary)
-    gain = rewards[-LAST:].mean() - rewards[:FIRST].mean()
-    control_gain = control[-LAST:].mean() - control[:FIRST].mean()
-    assert gain > MARGIN, summary
-    assert control_gain < MARGIN, summary
+    rewards = np.asarray([r["reward/mean"] for r in rows])
+    control = np.asarray([r["reward/mean"] for r in control_rows])
+    assert change(rows, "reward/mean") > MARGIN, summary
+    assert change(control_rows, "reward/mean") < MARGIN, summary
     assert control.mean() < 1 / 8 + 3 * np.sqrt((1 / 8) * (7 / 8) / (16 * RL_STEPS)), summary  # chance level
-    searches = np.asarray([r["rollout/search/mean"] for r in rows])
-    assert searches[-LAST:].mean() > searches[:FIRST].mean() + 0.3, summary  # the gain comes from searching
+    assert change(rows, "rollout/search/mean") > 0.3, summary  # the gain comes from searching
+    # ... and searching pays only through what it retrieves: where it retrieves nothing useful it does not grow
+    assert abs(search_drift(control_rows)) < SEARCH_FLAT, summary
     assert all(r["rollout/answer/valid_rate"] > 0.8 for r in rows + control_rows), summary
+    assert rewards.shape == control.shape == (RL_STEPS,)
+
+
+def test_control_search_rate_catches_a_length_biased_trainer(warm_starts, tmp_path, monkeypatch):
+    """The control's flat-search assertion has power: GRPO whose advantages leak the response length (a
+    length-biased trainer; searching responses are ~6x longer than blind answers) raises searching in the
+    control, where searching earns nothing, and the assertion above would fail."""
+    def length_biased_grpo(rewards, trajectories, cfg):
+        lengths = np.asarray([len(t.response_ids) for t in trajectories], np.float32)
+        return loop.grpo_estimator(np.asarray(rewards) + LENGTH_BONUS * lengths / lengths.max(), trajectories, cfg)
+    monkeypatch.setitem(loop.ADVANTAGE_FNS, "grpo", length_biased_grpo)
+    rows = _rl_rows(warm_starts(0), tmp_path / "biased_control", 0, shuffled=True)
+    summary = f"biased control searches {_series(rows, 'rollout/search/mean')}"
+    print(summary)
+    assert search_drift(rows) > SEARCH_FLAT, summary

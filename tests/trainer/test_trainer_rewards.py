@@ -55,3 +55,25 @@ def test_prompt_stream_is_a_seeded_permutation_per_epoch():
     assert seen[:5] != seen[5:10]  # a fresh order each epoch
     again, _ = loop.prompt_batch(prompts, 6, 3, seed=7)  # resuming from a position gives the same prompts
     assert again == seen[6:9]
+
+
+def test_a_batch_spanning_two_epochs_never_repeats_a_prompt():
+    """3,610 questions at 512 per step: the unadjusted per-epoch permutations put the same question twice into
+    a step that crosses an epoch boundary (two GRPO groups under one id). Every step must hold distinct prompts,
+    every epoch must still be a permutation, and batch_size > n is refused."""
+    n, batch = 3610, 512
+    prompts = list(range(n))
+    stream, position = [], 0
+    for _ in range(40):
+        step, position = loop.prompt_batch(prompts, position, batch, seed=0)
+        assert len(set(step)) == batch
+        stream += step
+    for epoch in range(len(stream) // n):
+        assert sorted(stream[epoch * n:(epoch + 1) * n]) == prompts
+    collisions = 0
+    for start in range(0, len(stream), batch):  # the plain permutations would collide: the check can fail
+        plain = [int(np.random.default_rng([0, p // n]).permutation(n)[p % n]) for p in range(start, start + batch)]
+        collisions += len(plain) != len(set(plain))
+    assert collisions > 0
+    with pytest.raises(ValueError, match="at least 4 distinct"):
+        loop.prompt_batch(list(range(3)), 0, 4, seed=0)

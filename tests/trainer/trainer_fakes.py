@@ -47,6 +47,11 @@ class TestTrajectory:
     duplicate_queries: int = 0
     forced_termination: bool = False
     valid_answer: bool = False
+    end_reason: str = "turns"
+    num_turns: int = 1
+    invalid_actions: int = 0
+    retrieval_errors: int = 0
+    truncated_observations: int = 0
 
 
 def random_trajectories(rng: np.random.Generator, n: int, vocab: int, *, max_prompt: int = 10,

@@ -97,26 +97,6 @@ def prompts(names, colours: dict[str, str], tag: str) -> list:
             for n in names]
 
 
-class ShuffledRetriever:
-    """The control: each hit is replaced by the passage of another entity (a fixed derangement), so the
-    retrieved evidence is unrelated to the question while its form is unchanged."""
-
-    def __init__(self, retriever, colours: dict[str, str], seed: int = 0):
-        from retrieval.corpus import Hit
-        names = sorted(colours)
-        perm = np.random.default_rng(seed).permutation(len(names))
-        while np.any(perm == np.arange(len(names))):
-            perm = np.random.default_rng(seed := seed + 1).permutation(len(names))
-        self.other = {names[i]: names[int(j)] for i, j in enumerate(perm)}
-        self.retriever, self.colours, self.hit = retriever, colours, Hit
-
-    def search(self, queries, topk):
-        results = self.retriever.search(queries, topk)
-        return [[self.hit(id=self.other[h.id], title=self.other[h.id],
-                          text=f"{self.other[h.id]} is {self.colours[self.other[h.id]]}.", score=h.score)
-                 for h in hits] for hits in results]
-
-
 def demonstrations(tokenizer, names, worlds, seed: int = 0) -> tuple[list, list]:
     """(searching, blind) expert demonstrations, one of each per name and world seed.
 

@@ -1,0 +1,82 @@
+r"""The main job (launch/main_job.py): SmolLM2-135M-Instruct learns the Search-R1 protocol on the embedded default.
+
+What it does, on CPU (every stage is described in launch/main_job.py):
+
+1. demonstrations: Search-R1 traces (think, <search> the question, the real <information> block of the BM25
+   index over the 10,033 default passages, <answer>) for DEMO_QUESTIONS questions drawn at random from the
+   default QA train split, kept where the gold answer was retrieved (searchjax.data.demonstrations); cached;
+2. warm start: SFT_STEPS steps of supervised fine-tuning on them (SFT_BATCH demonstrations per step, AdamW
+   lr SFT_LR), loss on the policy's own tokens only;
+3. GRPO: GRPO_STEPS steps of the quickstart's Search-R1 GRPO (PROMPTS_PER_STEP default QA train questions x
+   GROUP_SIZE rollouts, exact-match reward, k3 KL 0.001 to the warm start), from the warm start;
+4. evaluation, greedy, with the training rollout's limits (up to 2 searches of 2 passages cut to 96 tokens,
+   48-token turns): the untrained model on UNTRAINED_LIMIT questions of each set, the warm-started and the
+   GRPO-trained policies on all of them; sets: the default QA test split (100 questions) and the 75 FanOutQA
+   questions of the embedded default;
+5. one table (systems x sets: n, EM, F1, valid-answer rate, mean searches, EM difference against the warm
+   start with its paired bootstrap 95% interval), printed and written to <workdir>/table.md, and
+   <workdir>/report/ (report.md, PNG plots, GRPO training curves).
+
+  python -m launch.main_job --config configs/main_job.py --workdir workdir/main_job
+  python -m launch.main_job --config configs/main_job.py --workdir workdir/main_job --resume   # after a stop
+
+Expected result and cost: see MEASURED below (figures of the run that set these sizes).
+
+Any field can be overridden on the command line, e.g. --config.sft.steps=100 --config.total_steps=10.
+"""
+
+from searchjax.config_files import sibling
+
+# Sizes of the job (see the module docstring and MEASURED).
+DEMO_QUESTIONS = 1024  # train questions demonstrations are built for (drawn at random; ~87% are kept)
+SFT_STEPS, SFT_BATCH, SFT_LR = 16, 8, 1e-4
+GRPO_STEPS, PROMPTS_PER_STEP, GROUP_SIZE = 2, 2, 4
+UNTRAINED_LIMIT = 16  # per evaluation set: 32 questions in all
+
+MEASURED = """(filled in from the measured run)"""
+
+
+def main_section(arms=("grpo",)):
+    """config.main: what launch/main_job.py adds to a training config."""
+    import ml_collections
+    main = ml_collections.ConfigDict()
+    main.demo_questions = DEMO_QUESTIONS  # train questions to build demonstrations for (0 = all 5,270)
+    main.demo_seed = 0  # which train questions (a seeded draw: the split is stored in article order)
+    main.warm_start = ""  # an existing warm start (HF dir, a main job's <workdir>/warm_start) instead of stage 2
+    main.arms = tuple(arms)  # GRPO runs from the warm start: "grpo" and/or "control" (shuffled retrieval)
+    main.control_seed = 0  # seed of the control's question substitution (searchjax/experiment/shuffled_retrieval.py)
+    main.eval_sets = ("default_qa:test", "default")  # default QA test split (100) and the 75 FanOutQA questions
+    main.eval_limit = 0  # questions per set for the trained systems (0 = all)
+    main.untrained_limit = UNTRAINED_LIMIT  # questions per set for the untrained model (0 = all)
+    main.eval_batch_size = 32  # questions per rollout call
+    main.bootstrap_resamples = 10_000  # paired bootstrap of the EM differences (searchjax.eval.stats)
+    main.curve_metrics = ("reward/mean", "eval/reward", "rollout/search/mean", "rollout/response_length",
+                          "update/kl/mean", "rollout/entropy_mc")  # training curves in report/training_curves.png
+    return main
+
+
+def get_config(arg: str = ""):
+    """arg: "" (the README's main job)."""
+    if arg not in ("",):
+        raise ValueError(f"configs/main_job.py: unknown variant {arg!r}; valid: ''")
+    config = sibling(__file__, "quickstart").get_config()
+    config.total_steps = GRPO_STEPS
+    config.prompts_per_step = PROMPTS_PER_STEP
+    config.rollout.group_size = GROUP_SIZE
+    config.data.train = "default_qa:train"  # searchjax.data.default_qa: 5,270 template questions over the leads
+    config.data.eval = "default_qa:dev"  # in-training evaluation (config.eval.every; off here)
+    config.batch.mini_batch_size = PROMPTS_PER_STEP * GROUP_SIZE
+    # Tight buckets: prompts are 150-172 tokens, one-search demonstrations 114-~170 response tokens; the
+    # largest response bucket holds the longest response the rollout allows (3 x 48 + 2 x 96 = 336).
+    config.batch.prompt_buckets = (176, 192)
+    config.batch.response_buckets = (176, 256, 336)
+    config.sft.steps = SFT_STEPS
+    config.sft.batch_size = SFT_BATCH
+    config.sft.micro_batch_size = SFT_BATCH
+    config.sft.learning_rate = SFT_LR
+    config.checkpoint.every = 0  # only the last step (and on SIGTERM)
+    config.checkpoint.max_to_keep = 1
+    config.checkpoint.export_hf = False  # the evaluation reads the orbax checkpoint; no 540 MB export per arm
+    config.logging.trajectories_per_step = 8
+    config.main = main_section()
+    return config

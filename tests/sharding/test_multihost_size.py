@@ -1,0 +1,106 @@
+"""Multi-host training through the real loop: 2 CPU processes == 1 process, agreed buckets, agreed SIGTERM.
+
+One run of 1 process (4 CPU devices) and one of 2 processes (2 devices each), same mesh, same 8 trajectories
+per step (multihost_size_worker.py). The 2-process run gets SIGTERM on process 0 only, during step 2; both
+processes must stop and save at the same step (JAX's preemption sync point), and the parameters they
+saved after step 2 must equal the 1-process run's after its 2 steps.
+"""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+
+WORKER = pathlib.Path(__file__).with_name("multihost_size_worker.py")
+REPO = pathlib.Path(__file__).resolve().parents[2]
+LONG_RUN = 40  # steps the 2-process run would take without the SIGTERM
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(process_id: int, num_processes: int, port: int, work_dir, total_steps: int, sigterm_at: int):
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                                if not f.startswith("--xla_force_host_platform_device_count"))
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    args = [sys.executable, str(WORKER), str(process_id), str(num_processes), str(port), str(work_dir),
+            str(total_steps), str(sigterm_at)]
+    return subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait(procs, timeout: float) -> list[str]:
+    deadline = time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs):
+            if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
+                break  # one failed (its partner would wait for it forever) or too slow
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    logs = [p.communicate()[0] for p in procs]
+    for i, (p, log) in enumerate(zip(procs, logs)):
+        assert p.returncode == 0, f"worker {i} exited with {p.returncode}:\n{log[-4000:]}"
+    return logs
+
+
+def _params_at(work_dir: pathlib.Path, step: int):
+    from searchjax.models import init_params
+    from searchjax.models.presets import get_preset
+    from searchjax.rl import checkpoint
+    config = get_preset("tiny-qwen3", vocab_size=64, max_position_embeddings=512)
+    initial = init_params(config, jax.random.key(0))
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), initial)
+    params, restored = checkpoint.restore_params(work_dir / "checkpoints", abstract, step)
+    assert restored == step
+    return initial, params
+
+
+def test_two_processes_train_like_one_and_stop_together(tmp_path):
+    single, pair = tmp_path / "one_process", tmp_path / "two_processes"
+    port = _free_port()
+    _wait([_start(i, 2, port, pair, LONG_RUN, 2) for i in range(2)], timeout=600)
+    _wait([_start(0, 1, 0, single, 2, 0)], timeout=600)
+
+    workers = [json.loads((pair / f"worker{i}.json").read_text()) for i in range(2)]
+    assert [(w["process_count"], w["device_count"]) for w in workers] == [(2, 4), (2, 4)]
+    # Buckets agree: process 0 alone needs P 8 / R 16 (prompts <= 5, responses <= 11 tokens), process 1 needs
+    # 16 / 32 (<= 9 and <= 23); both build [4 rows, 16 + 32] batches.
+    for b0, b1 in zip(workers[0]["batches"], workers[1]["batches"]):
+        assert (b0["local_prompt"], b0["local_response"]) == (5, 11)
+        assert (b1["local_prompt"], b1["local_response"]) == (9, 23)
+        assert b0["shape"] == b1["shape"] == [4, 48]
+
+    # SIGTERM reached process 0 only, during step 2; both processes finished the same step (2, or a later one if
+    # the notice took longer than a step to go round), saved it, and stopped there.
+    stopped = len(workers[0]["batches"])
+    assert len(workers[1]["batches"]) == stopped and 2 <= stopped < LONG_RUN
+    saved = sorted(int(p.name) for p in (pair / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved == list(range(1, stopped + 1))
+    assert len((pair / "metrics.jsonl").read_text().splitlines()) == stopped
+
+    # The rollout's sampling seed: the step's own on one process, a different one on each of two processes.
+    single_worker = json.loads((single / "worker0.json").read_text())
+    assert single_worker["rollout_seed"] == 7
+    assert len({w["rollout_seed"] for w in workers} | {7}) == 3
+
+    # After step 2 the 2-process parameters equal the 1-process run's (one optimizer update per step over the
+    # same 8 trajectories; only the order of float sums differs).
+    initial, one = _params_at(single, 2)
+    _, two = _params_at(pair, 2)
+    moved = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in
+                zip(jax.tree.leaves(one), jax.tree.leaves(initial)))
+    assert moved > 1e-4  # two AdamW steps of lr 1e-3 did move them
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(two)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
