@@ -228,18 +228,22 @@ def check_inputs(config) -> dict[str, int]:
 # Services
 # ------------------------------------------------------------------------------------------------------
 def probe_judge(section, field: str) -> None:
-    """Start-up check of a judge section (searchjax.judges.build_judge fields) without sending a request:
-    an openai_compat judge is built (its URL, model name and API key variable are checked); a local judge's
-    checkpoint must exist. A live request to the endpoint belongs here once the judges offer a probe."""
+    """Start-up check of a judge section (searchjax.judges.build_judge fields): an openai_compat judge is built
+    (its URL, model name and API key variable are checked) and asked one one-token question, so a dead URL, a
+    wrong model name or a 401 stops the run here, before the model loads; a local judge's checkpoint must exist
+    (loading it is the expensive part the run does anyway)."""
     if section.backend == "openai_compat":
         from searchjax.judges import build_judge
-        from searchjax.judges.base import JudgeError
+        from searchjax.judges.base import JudgeError, JudgeRequest
         try:
-            build_judge(section)
-        except JudgeError as e:
+            judge = build_judge(section)
+            reply = judge.complete_many([JudgeRequest(messages=({"role": "user", "content": "Reply with OK."},),
+                                                      max_tokens=1)])[0]
+        except (JudgeError, ValueError) as e:
             raise ValueError(f"config.{field}: {e}") from None
-        except ValueError as e:
-            raise ValueError(f"config.{field}: {e}") from None
+        if isinstance(reply, JudgeError):
+            raise ValueError(f"config.{field}: the judge at {section.base_url} did not answer a probe request: "
+                             f"{reply}")
     elif section.backend == "local":
         if section.local_checkpoint not in ("policy", "smollm2"):
             check_model_path(section.local_checkpoint, f"{field}.local_checkpoint")
