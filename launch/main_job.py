@@ -5,7 +5,8 @@ r"""The main job: demonstrations -> SFT warm start -> GRPO -> evaluation table, 
 
 Stages, in order. Each writes its result atomically; with --resume a stage whose result is in --workdir is
 skipped (a fresh start refuses a workdir that holds results, and --resume refuses a changed config except for
-the fields a training resume accepts: total_steps, eval., checkpoint., logging.):
+the fields a training resume accepts, total_steps, eval., checkpoint., logging., and RESUME_SAFE_MAIN_FIELDS, so
+that a long run can train one arm at a time with --config.main.arms):
 
 1. demonstrations (searchjax.data.demonstrations): Search-R1 traces for config.main.demo_questions questions
    drawn at random (config.main.demo_seed) from the default QA train split, with the tokenizer, retriever and
@@ -59,6 +60,9 @@ _RESUME = flags.DEFINE_bool("resume", False, "Skip finished stages and continue 
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show the traceback of a bad-input error, not just its one line.")
 
 ARMS = ("grpo", "control")
+# config.main fields a resume may change: which arms this invocation trains and reports (a long run is done one
+# arm at a time), and how the table is computed. Everything else must match (run_dir.config_changes).
+RESUME_SAFE_MAIN_FIELDS = ("main.arms", "main.eval_batch_size", "main.bootstrap_resamples", "main.curve_metrics")
 CONFIG_FILE = "main_job_config.json"
 TABLE_COLUMNS = (("n", "n"), ("em", "EM"), ("f1", "F1"), ("valid_answer_rate", "valid answer"),
                  ("mean_searches", "mean searches"))
@@ -124,7 +128,8 @@ def accept_workdir(config, workdir: pathlib.Path, resume: bool) -> None:
             raise FileExistsError(f"{workdir} already holds a main job ({', '.join(sorted(found)[:6])}): pass "
                                   "--resume to continue it, or a new --workdir")
     elif saved.exists():
-        changes = run_dir.config_changes(json.loads(saved.read_text()), config)
+        changes = {f: v for f, v in run_dir.config_changes(json.loads(saved.read_text()), config).items()
+                   if f not in RESUME_SAFE_MAIN_FIELDS}
         if changes:
             listed = "; ".join(f"{f}: {a!r} -> {b!r}" for f, (a, b) in changes.items())
             raise ValueError(f"--resume: the config of {workdir} changed ({listed}); revert, or use a new --workdir")
@@ -206,20 +211,23 @@ def warm_start_dir(config, workdir: pathlib.Path, demonstrations_path: pathlib.P
 
 
 # ---------------------------------------------------------------------------------------------- 3. GRPO arms
-def arm_config(config, warm_dir: pathlib.Path):
-    """The training config of an arm: the job's, from the warm start, without a second warm start."""
+def arm_config(config, arm: str, warm_dir: pathlib.Path):
+    """The training config of an arm: the job's, from the warm start, without a second warm start, without the
+    job's own section, and with `arm` (and for the control its seed) recorded, so a resume sees a change."""
     import ml_collections
-    arm = ml_collections.ConfigDict(config.to_dict())
-    arm.model.path, arm.model.tokenizer = str(warm_dir), ""
-    arm.sft.demonstrations, arm.sft.steps = "", 0
-    return arm
+    cfg = ml_collections.ConfigDict({k: v for k, v in config.to_dict().items() if k != "main"})
+    cfg.model.path, cfg.model.tokenizer = str(warm_dir), ""
+    cfg.sft.demonstrations, cfg.sft.steps = "", 0
+    cfg.arm = arm
+    cfg.control_seed = config.main.control_seed if arm == "control" else -1
+    return cfg
 
 
 def run_arm(config, workdir: pathlib.Path, arm: str, warm_dir: pathlib.Path, *, resume: bool) -> bool:
     """Stage 3 for one arm; True when it has reached total_steps (False: stopped by SIGTERM, resume later)."""
     from searchjax.experiment import loop, run_dir, setup, validate
     arm_dir = workdir / arm
-    cfg = arm_config(config, warm_dir)
+    cfg = arm_config(config, arm, warm_dir)
     steps = run_dir.checkpoint_steps(arm_dir)
     if steps and steps[-1] >= cfg.total_steps:
         return True
