@@ -14,11 +14,6 @@ import os
 import pathlib
 
 from absl import app, flags
-from ml_collections import config_flags
-
-config_flags.DEFINE_config_file("config", None, "an E2E-APE config, e.g. configs/ape.py:quickstart", lock_config=True)
-flags.DEFINE_string("workdir", None, "output directory (the frozen bundle goes to <workdir>/bundle)")
-flags.mark_flags_as_required(["config", "workdir"])
 
 
 def run(config, workdir: str) -> dict:
@@ -65,6 +60,11 @@ def main(argv):
     print(json.dumps(summary, indent=1, default=str))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # flags defined here only, so tests can import run() next to other launchers
+    from ml_collections import config_flags
+    config_flags.DEFINE_config_file("config", None, "an E2E-APE config, e.g. configs/ape.py:quickstart",
+                                    lock_config=True)
+    flags.DEFINE_string("workdir", None, "output directory (the frozen bundle goes to <workdir>/bundle)")
+    flags.mark_flags_as_required(["config", "workdir"])
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     app.run(main)

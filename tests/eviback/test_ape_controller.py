@@ -179,3 +179,33 @@ def test_rule_controller_follows_the_diagnostics():
                          seeds=[seed])
     assert [e.name for e in result.entries] == ["v1", "r0.0:edit-explicit", "r1.0:copy-reference"]
     assert np.isclose(objective(result.winner.search), 1.0) and result.winner.name == "r1.0:copy-reference"
+
+
+def test_launcher_runs_from_a_config(tmp_path):
+    """launch/ape.py's run(): traces file, the rule-based controller on loopback, the Teacher from config.teacher
+    (here the scripted HTTP Teacher), the bundle under the workdir; every variant of configs/ape.py builds."""
+    import importlib.util
+    import pathlib
+    from launch.ape import run
+    from searchjax.eval.stage_a_harness import write_traces_jsonl
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("configs_ape", repo / "configs" / "ape.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for variant in ("", "paper", "quickstart"):
+        c = module.get_config(variant)
+        ApeConfig(**{k: v for k, v in c.ape.to_dict().items() if k not in ("traces", "controller", "seeds")})
+    assert module.get_config("paper").controller.model == "gpt-5.5"
+    write_traces_jsonl(_traces(), tmp_path / "traces.jsonl")
+    config = module.get_config("quickstart")
+    config.ape.update(traces=str(tmp_path / "traces.jsonl"), rounds=1, candidates_per_round=1)
+    config.eviback.update(stage_b_mode="refine", stage_b_prompt="eviback_stage_b_refine.v1", max_reply_tokens=64)
+    with serve_scripted(teacher) as ts:
+        config.teacher.update(backend="openai_compat", base_url=ts.base_url, model="t", api_key_env="")
+        summary = run(config, str(tmp_path / "work"))
+    assert summary["bundle"] == str(tmp_path / "work" / "bundle") and load_bundle(summary["bundle"]).mode == "refine"
+    assert [c["name"] for c in summary["candidates"]] == ["eviback_stage_a.v1+eviback_stage_b_refine.v1",
+                                                          "r0.0:edit-explicit"]
+    config.ape.traces = ""
+    with pytest.raises(ValueError, match="config.ape.traces is empty"):
+        run(config, str(tmp_path / "work2"))
