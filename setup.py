@@ -26,6 +26,7 @@ INSTALL_REQUIRES = [
     "faiss-cpu==1.15.1",
     "bm25s==0.3.16",
     "tensorflow-datasets==4.9.10",
+    "importlib_resources==7.1.0",  # tensorflow-datasets imports it when building (declared only for Python < 3.9)
     "absl-py>=2.1",
     "ml-collections>=1.0",
     "fastapi>=0.110",

@@ -1,27 +1,34 @@
-r"""Evaluate a policy greedily as a Search-R1 search agent; the default is the README's main job.
+r"""Evaluate a policy greedily as a Search-R1 search agent, and baselines on the same model, with EM, F1 and
+LLM-judge grades; the default is the README's main job.
 
 What it does: SmolLM2-135M-Instruct (real weights, the embedded GGUF) answers the first 16 of the 75
 embedded-default questions (FanOutQA dev sub-questions whose answer is in the default corpus) with the
 Search-R1 protocol: think, <search> the BM25 index over the 10,033 default Wikipedia passages (top 2),
 read <information>, <answer>. Greedy decoding, up to 2 searching turns of 48 tokens plus a final turn.
-Writes <workdir>/predictions.jsonl (one line per question: id, question, golds, answer, trajectory
-text, searches, flags), <workdir>/summary.json and <workdir>/table.md, and prints the table: EM, F1,
-valid-answer rate, mean searches, duplicate-query rate, forced-termination rate.
+Every answer is graded by the local judge (SmolLM2; an answer-less question is NOT_ATTEMPTED without a
+call). Writes <workdir>/policy/predictions_default.jsonl (one line per question: id, question, golds, answer,
+judge grade, trajectory text, searches, flags), <workdir>/summary.json and <workdir>/table.md, and prints the
+table: EM, F1, judge accuracy, valid-answer rate, mean searches, forced-termination rate. `systems` adds
+baselines (closed_book, direct, cot, rag, ircot, search_o1) and `data.path` more datasets; layout, datasets,
+systems and the measured three-system run: docs/evaluation.md.
 
 Expected result (measured): this 135M instruct model was never trained on the protocol; greedily it answers
 in plain text and ends its turn (EOS) without <answer> tags or searches, so every metric is 0 except one
 forced termination in 16:
 
-  | data source | n | EM | F1 | valid answer | mean searches | duplicate queries | forced termination |
-  |---|---|---|---|---|---|---|---|
-  | fanoutqa | 16 | 0.000 | 0.000 | 0.000 | 0.000 | 0.000 | 0.062 |
+  | system | dataset | data source | n | EM | F1 | judge accuracy | ungraded | valid answer | mean searches | forced termination |
+  |---|---|---|---|---|---|---|---|---|---|---|
+  | policy | default | fanoutqa | 16 | 0.000 | 0.000 | 0.000 | 0 | 0.000 | 0.000 | 0.062 |
 
-It is the baseline RL (configs/quickstart.py, configs/search_r1.py) starts from; predictions.jsonl shows the
+It is the baseline RL (configs/quickstart.py, configs/search_r1.py) starts from; the predictions file shows the
 plain-text answers. Run time: about 90 s of CPU time (model load, BM25 index on first use, two batches of
 8), i.e. 1-2 minutes on 2 idle CPU cores.
 
   python -m launch.evaluate --config configs/evaluate.py --workdir /tmp/searchjax_eval
   python -m launch.evaluate --config configs/evaluate.py:all --workdir /tmp/searchjax_eval_all   # all 75, longer turns
+  python -m launch.evaluate --config configs/evaluate.py --workdir /tmp/searchjax_eval3 \
+      --config.systems=policy,direct,rag --config.data.path=tfds:fanoutqa/dev --config.data.limit=8
+  python -m launch.report --eval_dirs=/tmp/searchjax_eval3 --baseline=direct --out=/tmp/searchjax_eval3/report
   python -m launch.evaluate --config configs/evaluate.py --workdir /tmp/nq_eval \
       --config.model.path=/ckpts/search-r1-qwen2.5-3b --config.data.path=/data/nq/test.jsonl \
       --config.retrieval.url=http://127.0.0.1:8000 --config.rollout.max_turns=4 \

@@ -44,6 +44,7 @@ def main_section(arms=("grpo",)):
     main.demo_seed = 0  # which train questions (a seeded draw: the split is stored in article order)
     main.warm_start = ""  # an existing warm start (HF dir, a main job's <workdir>/warm_start) instead of stage 2
     main.arms = tuple(arms)  # GRPO runs from the warm start: "grpo" and/or "control" (shuffled retrieval)
+    main.dev_questions = 0  # > 0: the arms' dev evaluations use this many random dev questions (0 = data.eval as is)
     main.control_seed = 0  # seed of the control's question substitution (searchjax/experiment/shuffled_retrieval.py)
     main.eval_sets = ("default_qa:test", "default")  # default QA test split (100) and the 75 FanOutQA questions
     main.eval_limit = 0  # questions per set for the trained systems (0 = all)

@@ -20,8 +20,10 @@ that a long run can train one arm at a time with --config.main.arms):
    config.main.arms, in <workdir>/<arm>/, starting from the warm start (model.path = it, so the KL
    reference is the warm-started policy): "grpo" as configured; "control" identical except that retrieval
    returns the passages of another training question (searchjax/experiment/shuffled_retrieval.py; its
-   in-training dev evaluations see that retrieval too). A SIGTERM ends the arm's current step, saves a
-   checkpoint and stops the job with status 0; --resume continues the arm exactly.
+   in-training dev evaluations see that retrieval too). With config.main.dev_questions > 0 the arms' dev
+   evaluations (config.eval.every) use that many dev questions drawn at random (<workdir>/dev_sample.jsonl).
+   A SIGTERM ends the arm's current step, saves a checkpoint and stops the job with status 0; --resume
+   continues the arm exactly.
 4. evaluation: each system (untrained: config.model.path on the first config.main.untrained_limit questions of
    each set; warm_start; each arm's last checkpoint) greedily on each of config.main.eval_sets, with the real
    retriever and the training rollout's limits: <workdir>/eval/<system>/predictions_<set>.jsonl (the records
@@ -109,7 +111,7 @@ def check_main_config(config) -> None:
         raise ValueError(f"config.main.arms={tuple(m.arms)!r}: expected distinct names from {ARMS}")
     if not m.eval_sets:
         raise ValueError("config.main.eval_sets is empty: name at least one evaluation set")
-    for field in ("demo_questions", "untrained_limit", "eval_limit"):
+    for field in ("demo_questions", "dev_questions", "untrained_limit", "eval_limit"):
         if not isinstance(m[field], int) or m[field] < 0:
             raise ValueError(f"config.main.{field}={m[field]!r}: expected an integer >= 0 (0 = all)")
     if m.eval_batch_size < 1:
@@ -223,11 +225,30 @@ def arm_config(config, arm: str, warm_dir: pathlib.Path):
     return cfg
 
 
+def dev_sample(config, workdir: pathlib.Path) -> str:
+    """config.data.eval for the arms: with config.main.dev_questions > 0, "jsonl:<workdir>/dev_sample.jsonl", that
+    many default QA dev questions drawn at random (seed config.eval.seed; the split is stored in article order, so
+    its first questions are mostly one template); else config.data.eval unchanged."""
+    if not config.main.dev_questions:
+        return config.data.eval
+    path = workdir / "dev_sample.jsonl"
+    if not path.exists():
+        import numpy as np
+        from searchjax.data import default_qa
+        from searchjax.experiment.run_dir import atomic_write_text
+        rows = default_qa.default_qa_split("dev")
+        n = min(config.main.dev_questions, len(rows))
+        chosen = sorted(np.random.default_rng(config.eval.seed).choice(len(rows), n, replace=False).tolist())
+        atomic_write_text(path, "".join(json.dumps(rows[i], ensure_ascii=False) + "\n" for i in chosen))
+    return f"jsonl:{path}"
+
+
 def run_arm(config, workdir: pathlib.Path, arm: str, warm_dir: pathlib.Path, *, resume: bool) -> bool:
     """Stage 3 for one arm; True when it has reached total_steps (False: stopped by SIGTERM, resume later)."""
     from searchjax.experiment import loop, run_dir, setup, validate
     arm_dir = workdir / arm
     cfg = arm_config(config, arm, warm_dir)
+    cfg.data.eval = dev_sample(config, workdir)
     steps = run_dir.checkpoint_steps(arm_dir)
     if steps and steps[-1] >= cfg.total_steps:
         return True

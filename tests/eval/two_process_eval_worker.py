@@ -4,8 +4,8 @@ the one-process reference (`evaluate_tiny`).
     python two_process_eval_worker.py PROCESS_ID PORT MODEL_DIR OUT_DIR
 
 Two CPU processes (one device each) start jax.distributed through `searchjax.distributed.initialize`, load the
-tiny checkpoint in MODEL_DIR, and run `searchjax.eval.suite.run_suite` on 6 questions in batches of 2 (3
-batches: process 0 runs batches 0 and 1, process 1 batch 2) for the policy (Search-R1 agent, one search
+tiny checkpoint in MODEL_DIR, and run `searchjax.eval.suite.run_suite` on 5 questions in batches of 2 (3
+batches, the last one short: process 0 runs batches 0 and 1, process 1 batch 2) for the policy (Search-R1 agent, one search
 turn) and rag, with a recording retriever and the tiny model as a local judge (a short grader
 prompt); process 0 gathers, grades and writes OUT_DIR.
 """
@@ -15,7 +15,7 @@ import sys
 
 QUESTIONS = [("nq", "Which city is the capital of France?", "Paris"), ("nq", "Where is Lyon?", "France"),
              ("hotpotqa", "Who wrote the book?", "Nobody"), ("hotpotqa", "Which river flows through Paris?", "Seine"),
-             ("nq", "What is the capital of Italy?", "Rome"), ("hotpotqa", "Where is the alpha tower?", "Lyon")]
+             ("nq", "What is the capital of Italy?", "Rome")]
 GRADER = """# A short grader prompt for the tiny test judge.
 [user]
 Question: {question}
@@ -42,7 +42,7 @@ def evaluate_tiny(model_dir, out_dir, process=None):
     systems = {"policy": pipelines.SYSTEMS["policy"],
                "rag": dataclasses.replace(pipelines.SYSTEMS["rag"], max_new_tokens=8, topk=2)}
     rollout_cfg = RolloutConfig(group_size=1, max_turns=1, max_new_tokens_per_turn=8, max_obs_tokens=64, topk=2,
-                                temperature=0.0, max_cache_len=1024)
+                                temperature=0.0, max_cache_len=640)
     engine = suite.Engine(model, params, tokenizer, retriever=RecordingRetriever(), rollout_cfg=rollout_cfg)
     grader = pathlib.Path(out_dir) / "grader.v1.txt"
     grader.parent.mkdir(parents=True, exist_ok=True)

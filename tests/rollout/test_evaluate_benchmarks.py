@@ -64,7 +64,7 @@ def test_flashrag_jsonl_reader(tmp_path):
                    + json.dumps({"id": "2", "question": "r"}) + "\n")
     with pytest.raises(ValueError, match=r"popqa\.jsonl:2: missing field 'golden_answers'"):
         qa_datasets.read_flashrag_jsonl(bad)
-    with pytest.raises(ValueError, match="expected 'default', a Search-R1 .parquet"):
+    with pytest.raises(ValueError, match="expected 'default'"):
         qa_datasets.load_benchmark(str(tmp_path / "data.csv"))
 
 
