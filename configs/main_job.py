@@ -1,6 +1,6 @@
 r"""The main job (launch/main_job.py): SmolLM2-135M-Instruct learns the Search-R1 protocol on the embedded default.
 
-What it does, on CPU (every stage is described in launch/main_job.py):
+What it does, on CPU (every stage is described in searchjax/experiment/main_job.py):
 
 1. demonstrations: Search-R1 traces (think, <search> the question, the real <information> block of the BM25
    index over the 10,033 default passages, <answer>) for DEMO_QUESTIONS questions drawn at random from the
@@ -37,7 +37,7 @@ MEASURED = """(filled in from the measured run)"""
 
 
 def main_section(arms=("grpo",)):
-    """config.main: what launch/main_job.py adds to a training config."""
+    """config.main: what the main job (searchjax/experiment/main_job.py) adds to a training config."""
     import ml_collections
     main = ml_collections.ConfigDict()
     main.demo_questions = DEMO_QUESTIONS  # train questions to build demonstrations for (0 = all 5,270)

@@ -1,6 +1,6 @@
 r"""The documented learning run on the embedded default: warm start, then GRPO, against a shuffled-retrieval control.
 
-Two arms from one warm start (the main job's stages, launch/main_job.py; the warm start is configs/main_job.py's):
+Two arms from one warm start (the main job's stages, searchjax/experiment/main_job.py; the warm start is configs/main_job.py's):
 
 * grpo: Search-R1 GRPO (exact-match reward, k3 KL 0.001 to the warm start), PROMPTS_PER_STEP default QA train
   questions x GROUP_SIZE rollouts per step, AdamW lr LEARNING_RATE, evaluated greedily on EVAL_PROMPTS random

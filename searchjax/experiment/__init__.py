@@ -4,5 +4,6 @@ before anything expensive loads), run_dir.py (workdir acceptance, atomic writes,
 fingerprints), loop.py (the RL train loop and its reward / rollout / advantage tables), selfplay.py (the Dr.Free
 proposer step), self_evolution.py (proposer -> generation -> solver -> anchor iterations), evaluation.py (the
 evaluation run of launch/evaluate.py), rehearsal.py (the full-size host loop with a scripted policy),
-shuffled_retrieval.py (the learning run's control). Nothing below this package imports it
+shuffled_retrieval.py (the learning run's control), main_job.py (demonstrations -> warm start -> GRPO arms -> the
+evaluation table, run by launch/main_job.py). Nothing below this package imports it
 (tests/structure/test_import_graph.py)."""

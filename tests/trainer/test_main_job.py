@@ -1,4 +1,4 @@
-"""The main job (launch/main_job.py) end to end on a tiny random model, the default QA set and the default BM25
+"""The main job (searchjax/experiment/main_job.py, run by launch/main_job.py) end to end on a tiny random model, the default QA set and the default BM25
 index: demonstrations built, the warm start lowers the SFT loss (measured by transformers on the exported model,
 an independent implementation), the warm-started and trained policies emit the protocol's tags where the
 untrained one does not, the control arm's searches return another question's passages; the table, the report
@@ -71,7 +71,7 @@ def _masked_nll(model_dir, records) -> float:
 
 
 def test_main_job_pipeline_on_a_tiny_model(tiny_model_dir, tmp_path, capsys):
-    import launch.main_job as main_job
+    from searchjax.experiment import main_job
     from retrieval.index import default_index
     from searchjax.data.demonstrations import check_demonstrations
     model_dir, tokenizer = tiny_model_dir

@@ -26,10 +26,17 @@ def test_launch_train_runs_one_step_with_sft_warm_start(task_tokenizer, tmp_path
     for f in tokenizer_dir.iterdir():
         shutil.copy(f, model_dir / f.name)
     demos = tmp_path / "demos.jsonl"
-    rng = np.random.default_rng(0)
-    demos.write_text("".join(json.dumps({"prompt_ids": rng.integers(3, 100, 20).tolist(),
-                                         "response_ids": rng.integers(3, 100, 10).tolist(),
-                                         "loss_mask": [1] * 5 + [0] * 5}) + "\n" for _ in range(8)))
+    # Demonstrations as launch.build_demonstrations writes them: this tokenizer's prompt for a question (the
+    # pre-flight check re-tokenises it), a response whose observation tokens are masked.
+    records = []
+    for i in range(8):
+        question = f"What colour is item {i}?"
+        policy_ids = tokenizer.encode(f"<think>item {i}</think><search>item {i}</search>")
+        observation_ids = tokenizer.encode("<information>red</information>")
+        records.append({"question": question, "prompt_ids": tokenizer.encode(protocol.build_prompt(question, tokenizer)),
+                        "response_ids": policy_ids + observation_ids,
+                        "loss_mask": [1] * len(policy_ids) + [0] * len(observation_ids)})
+    demos.write_text("".join(json.dumps(r) + "\n" for r in records))
     workdir = tmp_path / "run"
     command = [sys.executable, "-m", "launch.train", "--config", "configs/quickstart.py:smoke", "--workdir",
                str(workdir), f"--config.model.path={model_dir}", f"--config.sft.demonstrations={demos}",
