@@ -22,6 +22,28 @@ def enable_compilation_cache(path: str | None = None) -> str:
     return path
 
 
+def skip_absent_tpu() -> bool:
+    """Set JAX_PLATFORMS=cpu when the TPU runtime is installed but this host has no TPU and no GPU plugin.
+
+    install.sh installs libtpu (for the deviceless compile check, docs/compile_check.md), and with it JAX's
+    backend start-up probes for a TPU on every host: on a CPU machine that costs seconds and prints a screen of
+    libtpu errors before every run. A no-op when JAX_PLATFORMS is set, on a TPU VM (/dev/accel*, /dev/vfio/), or
+    when a GPU plugin is installed (JAX then picks the GPU). Returns whether it set the variable. Called when
+    searchjax is imported, which must come before JAX's backend starts to matter.
+    """
+    import glob
+    import importlib.util
+    if "JAX_PLATFORMS" in os.environ or importlib.util.find_spec("libtpu") is None:
+        return False
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        return False
+    plugins = importlib.util.find_spec("jax_plugins")
+    if plugins is not None and any(glob.glob(os.path.join(p, "*")) for p in plugins.submodule_search_locations or []):
+        return False
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    return True
+
+
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
 
 
