@@ -41,6 +41,9 @@ def skip_absent_tpu() -> bool:
     if plugins is not None and any(glob.glob(os.path.join(p, "*")) for p in plugins.submodule_search_locations or []):
         return False
     os.environ["JAX_PLATFORMS"] = "cpu"
+    import sys
+    if "jax" in sys.modules:  # imported first: JAX read the variable already, its backends start later
+        sys.modules["jax"].config.update("jax_platforms", "cpu")
     return True
 
 
