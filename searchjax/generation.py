@@ -42,6 +42,19 @@ a static jit argument.
 Meshes. When the parameters are sharded on a mesh (`searchjax.sharding.mesh_of(params)`, or `mesh=`), the
 batch is padded to a multiple of the batch shard count and every [B, ...] array of the state, including
 the cache, is sharded over the batch mesh axes (`ShardingRules.batch`); GSPMD does the rest.
+
+Several processes. On a mesh that spans processes (`searchjax.sharding.spans_processes`: a multi-host run
+whose parameters are sharded over every host's devices) each process passes its own rows, as the rollout's
+`process_shard` of the prompts gives them, and the session is one global batch: `start` and `append` gather
+every process's rows (process order; this process's rows are a contiguous block at `row_offset`), every
+process builds the same global numpy input and places the shards its own devices hold
+(`jax.make_array_from_callback`), and `decode` / `sequences` gather the state back
+(`searchjax.distributed.to_host`) and return this process's rows only. Each process's rows are keyed by its
+own seed and its own row index, exactly as a one-process session of those rows would be. Every call is then
+a collective: all processes call `start`, `decode`, `append` and `sequences` together, the same number of
+times with the same settings, including a process whose rows have all finished (it appends [] to each:
+`session.any_running` says whether any process still has a running row). On one process, or a mesh of this
+process's devices only, nothing is gathered and inputs are placed with `jax.device_put`.
 """
 
 from __future__ import annotations
@@ -52,9 +65,9 @@ from typing import Callable, Optional, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from searchjax import decode_steps, sampling, sharding, stop_strings
+from searchjax import decode_steps, distributed, sampling, sharding, stop_strings
 from searchjax.decode_steps import EOS, LENGTH, RUNNING, STOP, LogitsFn, SamplerState  # noqa: F401  (public names)
 
 STOP_REASONS = {EOS: "eos", STOP: "stop", LENGTH: "length"}
@@ -92,11 +105,23 @@ class GenerationSession:
     vocab_size: int
     mesh: Optional[Mesh]
     rules: object
+    row_offset: int = 0  # where this process's rows start in the global batch (0 unless the mesh spans processes)
+    live_rows: int = 0  # rows of the global batch that the next decode resumes
 
     @property
     def slots_left(self) -> int:
         """Free cache slots: a decode of n tokens needs n, an append needs its bucketed block width."""
         return self.cache_len - self.slots_used
+
+    @property
+    def spans_processes(self) -> bool:
+        """Whether every call is a collective of all processes (module docstring, "Several processes")."""
+        return sharding.spans_processes(self.mesh)
+
+    @property
+    def any_running(self) -> bool:
+        """Whether the next decode has a row to resume, on any process: the same answer on every process."""
+        return self.live_rows > 0
 
 
 # ----------------------------------------------------------------------------------------- shapes / buckets
@@ -174,14 +199,56 @@ def _live(session: GenerationSession, caller: str) -> SamplerState:
     return session.state
 
 
-def _successor(session: GenerationSession, state: SamplerState, slots_used: int) -> GenerationSession:
-    new = dataclasses.replace(session, state=state, slots_used=slots_used)
+def _successor(session: GenerationSession, state: SamplerState, slots_used: int, live_rows: int) -> GenerationSession:
+    new = dataclasses.replace(session, state=state, slots_used=slots_used, live_rows=live_rows)
     session.state = None
     return new
 
 
-def _batch_input(x: np.ndarray, mesh: Optional[Mesh], rules):
-    return jnp.asarray(x) if mesh is None else jax.device_put(x, sharding.batch_sharding(mesh, rules, x.ndim))
+def _batch_input(x: np.ndarray, mesh: Optional[Mesh], rules, target=None):
+    """The global numpy batch x placed on the mesh, rows over the batch axes (or `target`)."""
+    if mesh is None:
+        return jnp.asarray(x)
+    target = sharding.batch_sharding(mesh, rules, x.ndim) if target is None else target
+    if not sharding.spans_processes(mesh):
+        return jax.device_put(x, target)
+    # x is the same on every process; each process places the shards its own devices hold.
+    return jax.make_array_from_callback(x.shape, target, lambda index: x[index])
+
+
+def _host(arrays: tuple) -> tuple:
+    """numpy values of state arrays for the host loop; shards held by other processes are gathered (a collective)."""
+    if all(a.is_fully_addressable for a in arrays):
+        return jax.device_get(arrays)
+    return tuple(distributed.to_host(a) for a in arrays)
+
+
+def _gather_rows(rows: list, seed: int = 0) -> list[tuple[list, int]]:
+    """(rows, seed) of every process, in process order (a collective). Each process sends one int64 vector
+    [row count, seed, each row's length, every row's tokens], which parses back without padding."""
+    vector = np.asarray([len(rows), seed, *(len(r) for r in rows), *(t for r in rows for t in r)], np.int64)
+    flat = distributed.allgather(vector)
+    out, at = [], 0
+    for _ in range(jax.process_count()):
+        count, process_seed = int(flat[at]), int(flat[at + 1])
+        lengths, at = flat[at + 2:at + 2 + count], at + 2 + count
+        block = []
+        for n in lengths:
+            block.append(flat[at:at + n].tolist())
+            at += int(n)
+        out.append((block, process_seed))
+    return out
+
+
+def _process_row_keys(seeds: list[tuple[int, int]], batch: int, mesh: Mesh, rules):
+    """[batch] keys of a global batch: each process's (seed, rows) block keyed like a one-process session of
+    its rows (`sampling.row_keys(seed, rows)`); padding rows (which never sample) get zeros."""
+    blocks = [np.asarray(jax.random.key_data(sampling.row_keys(s, n))) for s, n in seeds if n]
+    data = np.concatenate(blocks)
+    data = np.concatenate([data, np.zeros((batch - len(data),) + data.shape[1:], data.dtype)])
+    rows = sharding.batch_sharding(mesh, rules, ndim=1).spec[0]
+    placed = _batch_input(data, mesh, rules, NamedSharding(mesh, PartitionSpec(rows, None)))
+    return jax.jit(jax.random.wrap_key_data)(placed)
 
 
 def start(model, params, prompt_ids: Sequence[Sequence[int]], *, max_cache_len: int, tokenizer=None,
@@ -204,17 +271,25 @@ def start(model, params, prompt_ids: Sequence[Sequence[int]], *, max_cache_len: 
     if mesh is not None and mesh.size == 1:
         mesh = None
     shard_count = 1 if mesh is None else sharding.batch_shard_count(mesh, rules)
+    spans = sharding.spans_processes(mesh)
 
-    num_rows = len(prompt_ids)
-    if num_rows == 0:
+    if len(prompt_ids) == 0 and not spans:
         raise ValueError("prompt_ids is empty")
-    batch = shard_count * _pow2_at_least(-(-num_rows // shard_count))
     cache_len = int(max_cache_len)
     if vocab_size is None:  # logits_fn only: its output width is the vocabulary
-        probe = jax.eval_shape(logits_fn, jax.ShapeDtypeStruct((batch, cache_len), jnp.int32),
-                               jax.ShapeDtypeStruct((batch,), jnp.int32))
+        probe = jax.eval_shape(logits_fn, jax.ShapeDtypeStruct((shard_count, cache_len), jnp.int32),
+                               jax.ShapeDtypeStruct((shard_count,), jnp.int32))
         vocab_size = int(probe.shape[-1])
     prompts = _check_tokens(prompt_ids, "prompt_ids", vocab_size, allow_empty=False)
+    num_rows, row_offset, seeds = len(prompts), 0, [(int(seed), len(prompts))]
+    if spans:  # one global batch of every process's prompts (module docstring, "Several processes")
+        everyone = _gather_rows(prompts, int(seed))
+        row_offset = sum(len(rows) for rows, _ in everyone[:jax.process_index()])
+        prompts = [p for rows, _ in everyone for p in rows]
+        seeds = [(s, len(rows)) for rows, s in everyone]
+        if not prompts:
+            raise ValueError("prompt_ids is empty on every process")
+    batch = shard_count * _pow2_at_least(-(-len(prompts) // shard_count))
     longest = max(len(p) for p in prompts)
     if longest >= cache_len:
         raise CacheCapacityError(f"max_cache_len={cache_len} leaves no room to generate after the longest prompt "
@@ -223,7 +298,8 @@ def start(model, params, prompt_ids: Sequence[Sequence[int]], *, max_cache_len: 
     if width >= cache_len:  # a small cache: waste fewer slots on padding (a multiple of 16, else exact)
         width = -(-longest // 16) * 16 if -(-longest // 16) * 16 < cache_len else longest
     # Padding rows get a one-token dummy prompt (so no attention row is empty) and start finished.
-    prompts = prompts + [[0]] * (batch - num_rows)
+    total = len(prompts)
+    prompts = prompts + [[0]] * (batch - total)
     prompt_block = np.zeros((batch, width), np.int32)
     prompt_mask = np.zeros((batch, width), bool)
     tokens = np.zeros((batch, cache_len), np.int32)
@@ -232,15 +308,17 @@ def start(model, params, prompt_ids: Sequence[Sequence[int]], *, max_cache_len: 
         prompt_mask[b, width - len(p):] = True
         tokens[b, :len(p)] = p
     lengths = np.asarray([len(p) for p in prompts], np.int32)
-    done = np.arange(batch) >= num_rows
-    keys = _batch_input(sampling.row_keys(seed, batch), mesh, rules)
+    done = np.arange(batch) >= total
+    keys = (_process_row_keys(seeds, batch, mesh, rules) if spans
+            else _batch_input(sampling.row_keys(seed, batch), mesh, rules))
     state = decode_steps.prefill(params, _batch_input(prompt_block, mesh, rules), _batch_input(prompt_mask, mesh, rules),
                      _batch_input(tokens, mesh, rules), _batch_input(lengths, mesh, rules),
                      _batch_input(done, mesh, rules), keys, model=model, logits_fn=logits_fn, cache_len=cache_len,
                      mesh=mesh, rules=rules)
     return GenerationSession(state=state, model=model, params=params, logits_fn=logits_fn, tokenizer=tokenizer,
                              num_rows=num_rows, cache_len=cache_len, slots_used=width,
-                             eos_token_ids=eos_token_ids, vocab_size=vocab_size, mesh=mesh, rules=rules)
+                             eos_token_ids=eos_token_ids, vocab_size=vocab_size, mesh=mesh, rules=rules,
+                             row_offset=row_offset, live_rows=total)
 
 
 def decode(session: GenerationSession, max_new_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
@@ -261,32 +339,37 @@ def decode(session: GenerationSession, max_new_tokens: int, *, temperature: floa
             "start the session with a larger max_cache_len or decode fewer tokens")
     mode = sampling.sampling_mode(temperature, top_p, top_k)
     table = stop_strings.stop_table(session.tokenizer, tuple(stop), session.vocab_size)
-    state = decode_steps.decode_loop(session.params, state, jnp.int32(max_new_tokens), jnp.float32(max(temperature, 1e-6)),
-                    jnp.float32(top_p), jnp.asarray(table.next_state), jnp.int32(table.match_state),
+    # numpy scalars and table: jit places them replicated, also on a mesh that spans processes
+    state = decode_steps.decode_loop(session.params, state, np.int32(max_new_tokens), np.float32(max(temperature, 1e-6)),
+                    np.float32(top_p), np.asarray(table.next_state), np.int32(table.match_state),
                     model=session.model, logits_fn=session.logits_fn, mode=mode,
                     eos_token_ids=session.eos_token_ids,
                     window=(decode_window(session.slots_used + max_new_tokens, session.cache_len)
                             if session.model is not None else session.cache_len),  # no cache: one program
                     mesh=session.mesh, rules=session.rules)
-    tokens, logprobs, lengths, turn_start, reasons, steps = jax.device_get(
+    tokens, logprobs, lengths, turn_start, reasons, steps = _host(
         (state.tokens, state.logprobs, state.lengths, state.turn_start, state.stop_reason, state.step))
     results = [GenerationResult(token_ids=tokens[b, turn_start[b]:lengths[b]].tolist(),
                                 logprobs=np.asarray(logprobs[b, turn_start[b]:lengths[b]], np.float32),
                                 stop_reason=STOP_REASONS[int(reasons[b])])
-               for b in range(session.num_rows)]
-    return _successor(session, state, session.slots_used + int(steps)), results
+               for b in range(session.row_offset, session.row_offset + session.num_rows)]
+    return _successor(session, state, session.slots_used + int(steps), live_rows=0), results
 
 
 def append(session: GenerationSession, per_row_tokens: Sequence[Optional[Sequence[int]]]) -> GenerationSession:
     """Append host tokens (e.g. an <information> block) to rows and resume them; rows given [] or None stay
-    finished. One list per real row. Needs the bucketed block width in free slots (CacheCapacityError)."""
+    finished. One list per real row (of this process). Needs the bucketed block width in free slots
+    (CacheCapacityError). On a mesh that spans processes every process calls it, with [] for rows it does not
+    resume; row indices in errors are then global."""
     state = _live(session, "append")
     if len(per_row_tokens) != session.num_rows:
         raise ValueError(f"append: per_row_tokens has {len(per_row_tokens)} rows, the session has {session.num_rows}")
     rows = _check_tokens(per_row_tokens, "per_row_tokens", session.vocab_size, allow_empty=True)
-    longest = max(len(r) for r in rows)
+    if session.spans_processes:  # the global batch's rows, the same on every process
+        rows = [r for block, _ in _gather_rows(rows) for r in block]
+    longest = max((len(r) for r in rows), default=0)
     if longest == 0:
-        return _successor(session, state, session.slots_used)
+        return _successor(session, state, session.slots_used, live_rows=0)
     width = append_bucket(longest, session.slots_left)
     if width > session.slots_left:
         raise CacheCapacityError(
@@ -303,14 +386,14 @@ def append(session: GenerationSession, per_row_tokens: Sequence[Optional[Sequenc
     state = decode_steps.append_block(session.params, state, _batch_input(block, session.mesh, session.rules),
                     _batch_input(block_lengths, session.mesh, session.rules), model=session.model,
                     logits_fn=session.logits_fn, mesh=session.mesh, rules=session.rules)
-    return _successor(session, state, session.slots_used + width)
+    return _successor(session, state, session.slots_used + width, live_rows=sum(1 for r in rows if r))
 
 
 def sequences(session: GenerationSession) -> list[list[int]]:
-    """Each real row's whole sequence so far: prompt, generated and appended tokens, in order."""
+    """Each real row's (of this process) whole sequence so far: prompt, generated and appended tokens, in order."""
     state = _live(session, "sequences")
-    tokens, lengths = jax.device_get((state.tokens, state.lengths))
-    return [tokens[b, :lengths[b]].tolist() for b in range(session.num_rows)]
+    tokens, lengths = _host((state.tokens, state.lengths))
+    return [tokens[b, :lengths[b]].tolist() for b in range(session.row_offset, session.row_offset + session.num_rows)]
 
 
 def generate(model, params, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float = 0.0,
@@ -325,7 +408,10 @@ def generate(model, params, prompt_ids: Sequence[Sequence[int]], *, max_new_toke
         raise ValueError(f"generate: stop={tuple(stop)!r} needs a tokenizer (stop strings are matched on text)")
     if len(prompt_ids) == 0:
         raise ValueError("prompt_ids is empty")
-    cache_len = prompt_bucket(prompt_ids) + _pow2_at_least(int(max_new_tokens))
+    width = prompt_bucket(prompt_ids)
+    if sharding.spans_processes(sharding.mesh_of(params)):  # every process must build the same cache
+        width = int(np.max(distributed.allgather(np.asarray([width], np.int64))))
+    cache_len = width + _pow2_at_least(int(max_new_tokens))
     session = start(model, params, prompt_ids, max_cache_len=cache_len, tokenizer=tokenizer, seed=seed,
                     logits_fn=logits_fn)
     _, results = decode(session, max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, stop=stop)

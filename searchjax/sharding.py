@@ -191,6 +191,13 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
+def spans_processes(mesh: Mesh | None) -> bool:
+    """True when `mesh` holds devices of other processes (a multi-host mesh). A host array cannot be
+    `device_put` onto such a mesh (each process supplies the shards its own devices hold), reading an array
+    back needs a gather, and every jitted call on it is a collective that all processes must make together."""
+    return mesh is not None and mesh.is_multi_process
+
+
 def mesh_of(tree) -> Mesh | None:
     """The Mesh of the first NamedSharding-placed array in `tree` (e.g. params), else None."""
     for leaf in jax.tree.leaves(tree):

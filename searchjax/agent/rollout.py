@@ -58,7 +58,9 @@ Decisions (each one is what the code does; tests/rollout checks them):
   records of them.
 * Multi-host: every process rolls out its own prompts with the step's seed; with more than one process the
   seed is first folded with the process index (`process_seed`), so two processes never draw the same
-  sampling noise for their row r.
+  sampling noise for their row r. When the policy's parameters are sharded over every process's devices,
+  the processes' rows decode as one global batch (searchjax.generation, "Several processes"): a process whose
+  rows have all finished keeps joining each turn's decode and append until no process has a running row.
 
 Host cost at the papers' batches (2,560 / 4,096 rows, docs/scale_rehearsal.md): the per-row Python work is
 O(1) per turn; the tokenizer is called once per turn for all rows (`encode_many` / `decode_many`: the Rust
@@ -407,7 +409,7 @@ def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg:
     for turn in range(searching_turns + 1):
         final = turn == searching_turns
         running = [b for b, row in enumerate(state) if row.end_reason is None]
-        if not running:
+        if not running and not session.any_running:  # on a mesh spanning processes, decode while any process runs
             break
         if final and cfg.search:
             for b in running:
@@ -465,6 +467,7 @@ def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg:
                 for b, (ids, truncated) in observations.items():
                     state[b].add(ids, 0)
                     state[b].truncated_observations += truncated
+        if observations or session.spans_processes:  # there every process appends together (generation.append)
             with timed(timings, "generate"):
                 session = generation.append(session, [observations[b][0] if b in observations else []
                                                       for b in range(len(rows))])
