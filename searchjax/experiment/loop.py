@@ -7,7 +7,9 @@ One RL step (Search-R1's GRPO recipe, as verl runs it):
   3. score them (`REWARD_FNS`): per-trajectory rewards, optional per-group advantage overrides, metrics;
   4. advantages (`ADVANTAGE_FNS`; GRPO groups by `prompt.uid`, HRPO by `prompt.hops`), then overrides;
   5. pad into a batch, recompute the old policy's log-probs (and the reference's when kl_coef > 0) with
-     the pre-update parameters, and log their mismatch with the sampler's log-probs;
+     the pre-update parameters, and log their mismatch with the sampler's log-probs (a reward that reads
+     the policy's self-certainty, RLIF, gets the old-policy pass before step 3, from the same forward:
+     searchjax/experiment/scoring.py);
   6. `batch.epochs` passes over mini-batches of `batch.mini_batch_size` trajectories, one optimizer step
      each, every step accumulating gradients over micro-batches of `batch.micro_batch_size`.
 
@@ -18,7 +20,8 @@ metadata (group uid, hop count, data source) rides on each trajectory's `prompt`
 trains the Search-R1 solver (multi-turn search, GRPO) and Dr.Free's proposer (single turn without
 search, `rollout.search = False`, HRPO over hop labels).
 
-Outputs under `workdir`: checkpoints/ (orbax, `checkpoint.py`), metrics.jsonl (one JSON object per step),
+Outputs under `workdir` (the step's logs: searchjax/experiment/step_log.py): checkpoints/ (orbax,
+`checkpoint.py`), metrics.jsonl (one JSON object per step),
 tb/ (TensorBoard), trajectories/step_XXXXXX.jsonl (sampled trajectories, with token ids, reusable as SFT
 demonstrations), hf/step_XXXXXX/ (optional HF export: weights, tokenizer, generation config). SIGTERM finishes the current
 step, saves a checkpoint and returns (multi-host: at a step every process agrees on, even when only one host got
@@ -41,7 +44,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import os
 import pathlib
 import time
@@ -50,11 +52,14 @@ from typing import Callable, Sequence
 import jax
 import numpy as np
 
-from searchjax.experiment import run_dir, setup
+from searchjax.agent.rollout import failure_metrics
+from searchjax.experiment import run_dir, scoring, setup
 from searchjax.experiment.setup import Components  # noqa: F401  (re-exported: loop.Components)
-from searchjax.rewards.base import NonFiniteRewardError, RewardOutput, exact_match_reward, f1_reward
+# (step_log's peak_rss_gib and step_line are also imported from here: main_job.py, the benches, the tests.)
+from searchjax.experiment.step_log import (MetricWriter, dump_trajectories, logprob_mismatch, mean_metrics,
+                                           peak_rss_gib, progress_bar, rollout_metrics, sampled_entropy, step_line)
+from searchjax.rewards.base import RewardOutput, exact_match_reward, f1_reward
 from searchjax.rl import advantages as adv_lib
-from searchjax.agent.rollout import failure_metrics, trajectory_counters
 from searchjax.rl import batching, checkpoint, trainer
 from searchjax.tokenization import Tokenizer
 
@@ -194,103 +199,6 @@ def prompt_batch(prompts: Sequence, position: int, batch_size: int, seed: int) -
 
 
 # ------------------------------------------------------------------------------------------------------
-# Metrics and logging
-# ------------------------------------------------------------------------------------------------------
-def rollout_metrics(trajectories: Sequence) -> dict[str, float]:
-    """The trajectory metrics of docs/architecture.md (searchjax.eval.metrics) plus lengths."""
-    from searchjax.eval.metrics import TrajectoryRecord, trajectory_metrics
-    records = [TrajectoryRecord(queries=tuple(t.queries), answer=t.answer, forced=t.forced_termination)
-               for t in trajectories]
-    metrics = {f"rollout/{k}": v for k, v in trajectory_metrics(records).items()}
-    metrics["rollout/response_length"] = float(np.mean([len(t.response_ids) for t in trajectories]))
-    metrics["rollout/generated_tokens"] = float(np.mean([sum(t.loss_mask) for t in trajectories]))
-    metrics["rollout/prompt_length"] = float(np.mean([len(t.prompt_ids) for t in trajectories]))
-    metrics.update(failure_metrics(trajectories))  # retrieval errors, invalid actions, truncated observations
-    return metrics
-
-
-def logprob_mismatch(sampler: np.ndarray, recomputed: np.ndarray, mask: np.ndarray) -> dict[str, float]:
-    """How far the sampler's log-probs are from the trainer's recomputation, on loss tokens (verl logs the same)."""
-    m = mask > 0
-    if not m.any():
-        return {"mismatch/logprob_abs_mean": 0.0, "mismatch/logprob_abs_max": 0.0, "mismatch/prob_abs_max": 0.0}
-    diff = np.abs(sampler[m] - recomputed[m])
-    prob = np.abs(np.exp(sampler[m]) - np.exp(recomputed[m]))
-    return {"mismatch/logprob_abs_mean": float(diff.mean()), "mismatch/logprob_abs_max": float(diff.max()),
-            "mismatch/prob_abs_max": float(prob.max())}
-
-
-def sampled_entropy(logprobs: np.ndarray, mask: np.ndarray) -> float:
-    """Monte-Carlo policy entropy per generated token: mean of -log pi(x_t) over sampled tokens x_t ~ pi.
-
-    E_{x ~ pi}[-log pi(x)] = H(pi), so on on-policy samples this is an unbiased estimate of the mean
-    per-token entropy (of the temperature-scaled policy) without materialising [B, T, V] logits.
-    """
-    m = mask > 0
-    return float(-logprobs[m].mean()) if m.any() else 0.0
-
-
-def peak_rss_gib() -> float:
-    """This process's peak resident host memory so far, GiB (Linux/macOS getrusage)."""
-    import resource
-    import sys
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20
-
-
-def _mean_metrics(rows: list[dict]) -> dict[str, float]:
-    out = {}
-    for key in rows[0]:
-        values = [float(r[key]) for r in rows]
-        out[key] = max(values) if key.endswith("/max") else min(values) if key.endswith("/min") else float(np.mean(values))
-    return out
-
-
-class MetricWriter:
-    """metrics.jsonl + TensorBoard. On resume, every step log of the workdir loses a torn last line and the rows
-    after the restored step (they were never checkpointed), rewritten atomically (run_dir.trim_logs_to_step)."""
-
-    def __init__(self, workdir: pathlib.Path, start_step: int, enabled: bool):
-        self.enabled = enabled
-        self.path = workdir / "metrics.jsonl"
-        if not enabled:
-            return
-        run_dir.trim_logs_to_step(workdir, start_step)
-        from tensorboardX import SummaryWriter
-        self.tb = SummaryWriter(str(workdir / "tb"))
-
-    def write(self, step: int, metrics: dict[str, float]) -> None:
-        if not self.enabled:
-            return
-        run_dir.append_jsonl(self.path, {"step": step, **metrics})
-        for key, value in metrics.items():
-            self.tb.add_scalar(key, value, step)
-        self.tb.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.tb.close()
-
-
-def dump_trajectories(path: pathlib.Path, step: int, trajectories: Sequence, rewards: np.ndarray,
-                      advantages: np.ndarray, limit: int) -> None:
-    """The first `limit` trajectories of the step (-1 = all) as jsonl, token ids included."""
-    chosen = list(trajectories) if limit < 0 else list(trajectories)[:limit]
-    lines = []
-    for t, r, a in zip(chosen, rewards, advantages):
-        lines.append(json.dumps({
-                "step": step, "uid": t.prompt.uid, "sample_index": t.sample_index, "question": t.prompt.question,
-                "golden_answers": list(t.prompt.golden_answers), "data_source": t.prompt.data_source,
-                "hops": t.prompt.hops, "response_text": t.response_text, "answer": t.answer, "reward": float(r),
-                "advantage": float(a), "queries": list(t.queries), "doc_ids": [list(d) for d in t.doc_ids],
-                "num_searches": t.num_searches, "forced_termination": t.forced_termination,
-                **trajectory_counters(t), "prompt_ids": [int(i) for i in t.prompt_ids], "response_ids": [int(i) for i in t.response_ids],
-                "loss_mask": [int(m) for m in t.loss_mask],
-                "sampler_logprobs": [float(x) for x in t.sampler_logprobs]}) + "\n")
-    run_dir.atomic_write_text(path, "".join(lines))  # a re-run step after a resume replaces its file whole
-
-
-# ------------------------------------------------------------------------------------------------------
 # The run
 # ------------------------------------------------------------------------------------------------------
 def loss_config(config) -> trainer.LossConfig:
@@ -354,17 +262,6 @@ def check_failure_rate(step: int, what: str, failed: float, asked: float, max_ra
                                "of this step was trained on or saved: fix the cause, then --resume")
 
 
-def score(reward_fn, trajectories) -> tuple[RewardOutput, str]:
-    """(reward output, "" or why the rewards are not finite). A reward function whose output was refused for
-    non-finite values yields NaN rewards for every trajectory and the refusal as the reason."""
-    try:
-        return reward_fn(trajectories), ""
-    except NonFiniteRewardError as e:  # RewardOutput refuses non-finite rewards (searchjax/rewards/base.py)
-        placeholder = RewardOutput(rewards=np.zeros(len(trajectories), np.float32))
-        placeholder.rewards = np.full(len(trajectories), np.nan, np.float32)  # unknown: logged as non-finite
-        return placeholder, f"non-finite reward ({e})"
-
-
 def _all_processes(flag: bool) -> bool:
     """True when `flag` holds on every process (each process scores only its own trajectories)."""
     from searchjax import distributed
@@ -424,19 +321,25 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
     eval_reward_fn = (reward_fn if config.eval_reward_fn == config.reward_fn else
                       _lookup(REWARD_FNS, config.eval_reward_fn, "eval_reward_fn")(config, components, workdir))
     advantage_fn = _lookup(ADVANTAGE_FNS, config.advantage.estimator, "advantage.estimator")
+    if config.eval.every > 0 and scoring.needs_self_certainty(eval_reward_fn):
+        raise ValueError(f"config.eval_reward_fn={config.eval_reward_fn!r} needs the old-policy pass's self-certainty, "
+                         "which evaluation rollouts do not run: evaluate with a reward of the answers (exact_match, "
+                         "as configs/ccs.py does) or set config.eval.every=0")
     # The initial params now live on as the state's reference (or were copied into its master weights);
     # drop this run's handle on them so a run without a KL term does not hold a second model.
     components = dataclasses.replace(components, params=None)
     rollout_cfg = config.rollout.to_dict()
     step_fn = trainer.make_train_step(model, lcfg, ocfg, mesh=mesh, shardings=shardings)
     logprob_fn = trainer.make_logprob_fn(model, lcfg.temperature, mesh=mesh, param_shardings=pshard)
+    # RLIF: the old-policy pass also returns self-certainty and runs before the reward (scoring.py's docstring).
+    certainty_fn = scoring.make_certainty_fn(reward_fn, model, lcfg.temperature, mesh=mesh, param_shardings=pshard)
     u = config.batch
     writer = MetricWriter(workdir, start, enabled=is_main)
     updates_per_step = u.epochs * -(-config.prompts_per_step * config.rollout.group_size // u.mini_batch_size)
     # SIGTERM -> save and stop, at a step every process agrees on (JAX's preemption sync point when multi-host).
     from searchjax import distributed
     preempted, restore_handler = distributed.watch_preemption()
-    progress = _progress(config, start)
+    progress = progress_bar(config, start)
     metrics: dict[str, float] = {}
     try:
         for step in range(start + 1, config.total_steps + 1):
@@ -454,8 +357,16 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
             check_failure_rate(step, "searches", step_failures["rollout/retrieval_errors"],
                                step_failures["rollout/searches_sent"], config.max_failure_rate,
                                "is the retrieval server up (config.retrieval)? the log has each error")
+            batch, extras, t_logprob = None, {}, 0.0
+            if certainty_fn is not None:  # the pass first: the reward reads its statistics
+                t0 = time.perf_counter()
+                batch, tail = scoring.step_batch(trajectories, np.zeros(len(trajectories)), config,
+                                                 tokenizer.pad_token_id)
+                batch["old_logprobs"], extras = scoring.certainty_pass(certainty_fn, state.params, batch, trajectories,
+                                                                       u.micro_batch_size, mesh, tail=tail)
+                t_logprob = time.perf_counter() - t0
             t0 = time.perf_counter()
-            reward, nonfinite = score(reward_fn, trajectories)
+            reward, nonfinite = scoring.score(reward_fn, trajectories, **extras)
             t_reward = time.perf_counter() - t0
             check_failure_rate(step, "Teacher requests", sum(reward.metrics.get(k, 0.0) for k in JUDGE_FAILURE_METRICS),
                                sum(reward.metrics.get(k, 0.0) for keys in JUDGE_FAILURE_METRICS.values() for k in keys),
@@ -463,25 +374,21 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
                                "has each error")
             rewards = np.asarray(reward.rewards)
             finite_rewards = _all_processes(not nonfinite and bool(np.isfinite(rewards).all()))
-            t_logprob = t_update = 0.0
+            t_update = 0.0
             if finite_rewards:
-                advantages = advantage_fn(reward.rewards, trajectories, config.advantage)
-                if reward.advantage_overrides:
-                    advantages = adv_lib.apply_group_overrides(advantages, [t.prompt.uid for t in trajectories],
-                                                               reward.advantage_overrides)
-
-                batch = batching.make_batch(trajectories, advantages, pad_id=tokenizer.pad_token_id,
-                                            prompt_buckets=config.batch.prompt_buckets,
-                                            response_buckets=config.batch.response_buckets,
-                                            row_multiple=u.mini_batch_size)
-                tail = batching.loss_columns(batch)
+                advantages = scoring.step_advantages(advantage_fn, reward, trajectories, config.advantage)
+                if batch is None:
+                    batch, tail = scoring.step_batch(trajectories, advantages, config, tokenizer.pad_token_id)
+                else:  # padded before the reward (RLIF): its rows beyond the trajectories keep advantage 0
+                    batch["advantages"][:len(trajectories)] = advantages
                 t0 = time.perf_counter()
-                batch["old_logprobs"] = trainer.batch_logprobs(logprob_fn, state.params, batch, u.micro_batch_size,
-                                                               mesh, tail=tail)
+                if "old_logprobs" not in batch:
+                    batch["old_logprobs"] = trainer.batch_logprobs(logprob_fn, state.params, batch, u.micro_batch_size,
+                                                                   mesh, tail=tail)
                 if keep_reference:
                     batch["ref_logprobs"] = trainer.batch_logprobs(logprob_fn, state.ref_params, batch,
                                                                    u.micro_batch_size, mesh, tail=tail)
-                t_logprob = time.perf_counter() - t0
+                t_logprob += time.perf_counter() - t0
                 mismatch = logprob_mismatch(batch.pop("sampler_logprobs"), batch["old_logprobs"], batch["loss_mask"])
                 mismatch["rollout/entropy_mc"] = sampled_entropy(batch["old_logprobs"], batch["loss_mask"])
 
@@ -496,7 +403,7 @@ def train(config, workdir: str | os.PathLike, *, resume: bool = False,
                 t_update = time.perf_counter() - t0
                 skipped = all(r["update_skipped"] >= 1.0 for r in update_rows)
                 reason = "non-finite loss or gradient in every update"
-                update_metrics = {f"update/{k}": v for k, v in _mean_metrics(update_rows).items()}
+                update_metrics = {f"update/{k}": v for k, v in mean_metrics(update_rows).items()}
             else:  # no advantage of a NaN reward is meaningful: skip the update, counted as the guard counts
                 advantages, mismatch = np.zeros(rewards.shape, np.float32), {}
                 state = state.replace(step=jax.device_put(state.step + updates_per_step, shardings.step),
@@ -564,24 +471,3 @@ def evaluate(config, components: Components, params, rollout_fn, reward_fn, roll
     out = {"eval/reward": float(reward.rewards.mean())}
     out.update({f"eval/{k.split('/', 1)[1]}": v for k, v in rollout_metrics(trajectories).items()})
     return out
-
-
-def step_line(step: int, total: int, metrics: dict, skipped_reason: str = "") -> str:
-    """One console line of a step's key metrics (the full row is in metrics.jsonl / TensorBoard)."""
-    kl = metrics.get("update/kl/mean")
-    parts = [f"step {step}/{total}", f"reward {metrics['reward/mean']:.3f}\u00b1{metrics['reward/std']:.3f}",
-             f"valid {metrics.get('rollout/answer/valid_rate', float('nan')):.2f}",
-             f"searches {metrics.get('rollout/search/mean', float('nan')):.2f}",
-             f"kl {kl:.2e}" if kl is not None else "kl -", f"{metrics['time/step']:.1f}s",
-             f"{metrics['time/tokens_per_s']:.0f} tok/s"]
-    if "eval/reward" in metrics:
-        parts.append(f"eval {metrics['eval/reward']:.3f}")
-    if skipped_reason:
-        parts.append(f"SKIPPED: {skipped_reason}")
-    return " | ".join(parts)
-
-
-def _progress(config, start: int):
-    from tqdm import tqdm
-    return tqdm(total=config.total_steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
-                disable=not config.logging.progress_bar or jax.process_index() != 0)

@@ -282,9 +282,8 @@ def run(config, rcfg, *, workdir: Optional[str] = None, log: Callable[[str], Non
     from searchjax.agent import protocol
     from searchjax.agent.rollout import RolloutConfig, failure_metrics, rollout, timed
     from searchjax.data.assets import resolve_model_path
-    from searchjax.experiment import loop
+    from searchjax.experiment import loop, scoring
     from searchjax.experiment.setup import Components
-    from searchjax.rl import advantages as adv_lib
     from searchjax.rl import batching
     from searchjax.experiment.validate import check_config
     from searchjax.tokenization import load_tokenizer
@@ -331,15 +330,8 @@ def run(config, rcfg, *, workdir: Optional[str] = None, log: Callable[[str], Non
             reward = reward_fn(trajectories)
         with timed(phases, "batching"):  # what the trainer does on the host before the first jitted call
             rewards = np.asarray(reward.rewards)
-            advantages = advantage_fn(rewards, trajectories, config.advantage)
-            if reward.advantage_overrides:
-                advantages = adv_lib.apply_group_overrides(advantages, [t.prompt.uid for t in trajectories],
-                                                           reward.advantage_overrides)
-            batch = batching.make_batch(trajectories, advantages, pad_id=tokenizer.pad_token_id,
-                                        prompt_buckets=config.batch.prompt_buckets,
-                                        response_buckets=config.batch.response_buckets,
-                                        row_multiple=config.batch.mini_batch_size)
-            tail = batching.loss_columns(batch)
+            advantages = scoring.step_advantages(advantage_fn, reward, trajectories, config.advantage)
+            batch, tail = scoring.step_batch(trajectories, advantages, config, tokenizer.pad_token_id)
             micro = [batching.stack_micro_batches(mini, config.batch.micro_batch_size)
                      for mini in batching.split_rows(batch, config.batch.mini_batch_size)]
 

@@ -31,7 +31,8 @@ How the CCS paper applies it, and what we do:
   with, at the same temperature), so the reward costs no extra forward: `tail_logprobs_and_self_certainty`
   returns both statistics from one trunk forward and one pass of the LM head (in vocabulary chunks, with
   the online logsumexp of `searchjax.scoring` plus a running sum of logits for the mean). The loop therefore
-  runs that pass before the reward when the RewardFn has `needs_self_certainty = True`, and calls
+  runs that pass before the reward when the RewardFn has `needs_self_certainty = True`
+  (searchjax/experiment/scoring.py), and calls
   `reward_fn(trajectories, self_certainty=...)` with per-trajectory arrays over the response tokens
   (`response_values`); a call without them is a clear error, never a silent 0.
 * Gold-free: nothing here reads a golden answer.
@@ -249,4 +250,10 @@ def make_rlif_reward(cfg: RlifConfig = RlifConfig()):
 
 def build_rlif_reward(config, components, workdir):
     """The trainer's reward builder (searchjax.experiment.loop.REWARD_FNS signature): config.rlif -> RlifConfig."""
-    return make_rlif_reward(RlifConfig(**config.rlif.to_dict()))
+    if "rlif" not in config:
+        raise ValueError("config.reward_fn='rlif' needs a config.rlif section (RlifConfig's fields: "
+                         "configs/ccs.py:quickstart_rlif or :rlif has one)")
+    try:
+        return make_rlif_reward(RlifConfig(**config.rlif.to_dict()))
+    except TypeError as e:  # an unknown field
+        raise ValueError(f"config.rlif: {e}") from None
