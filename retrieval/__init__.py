@@ -6,7 +6,8 @@
 
 Modules: corpus (Passage, Hit, jsonl I/O, the default corpus, Search-R1 passage formatting), bm25
 (BM25Index), index (DenseIndex, index directories and manifests, open_index, default_index), server
-(FastAPI app with micro-batching), client (Retriever, InProcessRetriever, HttpRetriever, probe), corpus_store
+(FastAPI app with micro-batching), server_requests (the /retrieve request body, its limits and checks, the
+answer's layout), client (Retriever, InProcessRetriever, HttpRetriever, probe), corpus_store
 (corpus fingerprints cached by file size and mtime), streamed (IVF-PQ built over streamed vectors, for
 wiki-18-size corpora), synthetic (seeded synthetic vectors for scale rehearsals). Encoders live in
 searchjax.models.encoder and searchjax.models.decoder_embedder.
