@@ -26,7 +26,8 @@ What every backend shares lives here:
   common damage (code fences, prose around the object, single quotes, trailing commas, bare keys, Python
   literals, missing closing braces, a reply that is just one allowed value) and validates it against a
   small spec (field -> allowed strings, or `float` in [lo, hi], or `str`). `ask_json_many` asks, parses,
-  and re-asks once with a correction message for replies that cannot be repaired.
+  and re-asks once with a correction message for replies that cannot be repaired (`ask_many`: the same
+  loop for any parser).
 """
 
 from __future__ import annotations
@@ -372,12 +373,13 @@ CORRECTION = ("Your previous reply could not be used: {error}. Reply again with 
               "fields {fields}, and nothing else.")
 
 
-def ask_json_many(judge: Judge, requests: Sequence[JudgeRequest], spec: Mapping[str, object], *,
-                  correction_rounds: int = 1) -> list[JsonOutcome]:
-    """Ask every request (through `judge.complete_many`), parse each reply against `spec`; replies that cannot
-    be parsed are asked again up to `correction_rounds` times, with the bad reply and a correction message
-    appended to the chat. Transport failures (timeouts, HTTP errors) are not re-asked here: the backend has
-    already retried them. Never raises JudgeError: failures are in `JsonOutcome.error`."""
+def ask_many(judge: Judge, requests: Sequence[JudgeRequest], parse: Callable[[str], dict],
+             correction: Callable[[JudgeError], str], *, correction_rounds: int = 1) -> list[JsonOutcome]:
+    """Ask every request (through `judge.complete_many`) and `parse` each reply's text; a reply `parse` refuses
+    (JudgeError) is asked again up to `correction_rounds` times, with the bad reply and `correction(error)` as a
+    user message appended to the chat. Transport failures (timeouts, HTTP errors) are not re-asked here: the
+    backend has already retried them. Never raises JudgeError: failures are in `JsonOutcome.error`. The one
+    ask-parse-correct loop behind `ask_json_many` and the Teacher bundles' `ask_parsed_many`."""
     outcomes = [JsonOutcome(request=r) for r in requests]
     pending = list(range(len(requests)))
     current = list(requests)
@@ -390,16 +392,24 @@ def ask_json_many(judge: Judge, requests: Sequence[JudgeRequest], spec: Mapping[
                 continue
             outcomes[i].replies.append(result)
             try:
-                outcomes[i].parsed = parse_json_reply(result.text, spec)
+                outcomes[i].parsed = parse(result.text)
                 outcomes[i].error = None
             except JudgeError as error:
                 outcomes[i].error = error
                 if round_index < correction_rounds:
-                    fix = CORRECTION.format(error=str(error), fields=", ".join(spec))
                     current[i] = dataclasses.replace(current[i], messages=current[i].messages + (
-                        {"role": "assistant", "content": result.text}, {"role": "user", "content": fix}))
+                        {"role": "assistant", "content": result.text}, {"role": "user", "content": correction(error)}))
                     retry.append(i)
         pending = retry
         if not pending:
             break
     return outcomes
+
+
+def ask_json_many(judge: Judge, requests: Sequence[JudgeRequest], spec: Mapping[str, object], *,
+                  correction_rounds: int = 1) -> list[JsonOutcome]:
+    """`ask_many` with replies parsed against `spec` (`parse_json_reply`) and the JSON correction message."""
+    fields = ", ".join(spec)
+    return ask_many(judge, requests, lambda text: parse_json_reply(text, spec),
+                    lambda error: CORRECTION.format(error=str(error), fields=fields),
+                    correction_rounds=correction_rounds)

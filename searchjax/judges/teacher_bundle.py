@@ -63,8 +63,8 @@ import pathlib
 import re
 from typing import Mapping, Sequence
 
-from searchjax.judges.base import (CORRECTION, JsonOutcome, Judge, JudgeError, JudgeRequest, parse_json_reply,
-                                   strip_reasoning)
+from searchjax.judges.base import (CORRECTION, JsonOutcome, Judge, JudgeError, JudgeRequest, ask_many,
+                                   parse_json_reply, strip_reasoning)
 from searchjax.judges.templates import PromptTemplate, load_prompt, parse_prompt_text
 
 SUPPORTED, INSUFFICIENT, AMBIGUOUS = "Supported", "Insufficient", "Ambiguous"
@@ -440,30 +440,14 @@ def load_bundle(directory: str | os.PathLike) -> TeacherPolicy:
 
 def ask_parsed_many(judge: Judge, requests: Sequence[JudgeRequest], parser: Parser, *,
                     correction_rounds: int = 1) -> list[JsonOutcome]:
-    """`searchjax.judges.base.ask_json_many` with a declarative parser: ask, parse, re-ask an unparseable reply
+    """`searchjax.judges.base.ask_many` with a declarative parser: ask, parse, re-ask an unparseable reply
     with a correction message up to `correction_rounds` times; failures land in JsonOutcome.error."""
-    outcomes = [JsonOutcome(request=r) for r in requests]
-    current, pending = list(requests), list(range(len(requests)))
     fields = ", ".join(f.name for f in parser.fields)
-    for round_index in range(correction_rounds + 1):
-        retry = []
-        for i, result in zip(pending, judge.complete_many([current[i] for i in pending])):
-            if isinstance(result, JudgeError):
-                outcomes[i].error = result
-                continue
-            outcomes[i].replies.append(result)
-            try:
-                outcomes[i].parsed, outcomes[i].error = parse_reply(result.text, parser), None
-            except JudgeError as error:
-                outcomes[i].error = error
-                if round_index < correction_rounds:
-                    fix = (CORRECTION.format(error=str(error), fields=fields) if parser.kind == "json" else
-                           f"Your previous reply could not be used: {error}. Reply again in exactly the format "
-                           f"the instructions ask for.")
-                    current[i] = dataclasses.replace(current[i], messages=current[i].messages + (
-                        {"role": "assistant", "content": result.text}, {"role": "user", "content": fix}))
-                    retry.append(i)
-        pending = retry
-        if not pending:
-            break
-    return outcomes
+
+    def correction(error: JudgeError) -> str:
+        if parser.kind == "json":
+            return CORRECTION.format(error=str(error), fields=fields)
+        return (f"Your previous reply could not be used: {error}. Reply again in exactly the format the "
+                "instructions ask for.")
+    return ask_many(judge, requests, lambda text: parse_reply(text, parser), correction,
+                    correction_rounds=correction_rounds)
