@@ -13,12 +13,10 @@ table. Every knob is a field of configs/evaluate.py (commented there). Inputs ar
 loads; bad input (config, file, data row, endpoint) ends with one line, `--verbose` adds the traceback.
 """
 
-import os
-
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
-from searchjax.experiment.validate import exit_on_user_error  # stdlib-only at import
+from searchjax.experiment.validate import run_launcher, start_launcher  # stdlib-only at import
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Evaluation config: configs/evaluate.py[:variant].", lock_config=True)
@@ -27,20 +25,12 @@ _VERBOSE = flags.DEFINE_bool("verbose", False, "Show the traceback of a bad-inpu
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # hubs are never contacted at run time
-
     def body():
-        from searchjax import runtime
-        runtime.enable_compilation_cache()
         from searchjax.experiment import evaluation
         return evaluation.run_from_config(_CONFIG.value, _WORKDIR.value)
-    exit_on_user_error(body, verbose=_VERBOSE.value, program="launch.evaluate")
+    run_launcher(argv, body, distributed_cfg=_CONFIG.value.distributed, verbose=_VERBOSE.value,
+                 program="launch.evaluate")
 
 
 if __name__ == "__main__":
-    from searchjax.runtime import use_transparent_huge_pages
-    use_transparent_huge_pages()  # re-executes once with GLIBC_TUNABLES set (faster XLA:CPU buffers)
-    flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    start_launcher(main)

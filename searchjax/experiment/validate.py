@@ -18,7 +18,9 @@ takes to load. `preflight(config, workdir, ...)` runs, cheapest first:
 4. `probe_services`: the retrieval server (`retrieval.client.probe`) and the judges the reward uses
    (`probe_judge`).
 
-Launchers turn the errors these raise (`user_error_types`) into one line (`exit_on_user_error`).
+Launchers turn the errors these raise (`user_error_types`) into one line (`exit_on_user_error`); `run_launcher`
+is a launcher's whole start-up (arguments, offline hubs, multi-host JAX, compilation cache, that one line) and
+`start_launcher` its `__main__` block.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import pathlib
 import sys
 from typing import Callable, Sequence
@@ -312,3 +315,31 @@ def exit_on_user_error(body: Callable[[], object], *, verbose: bool, program: st
             raise
         print(f"{program}: error: {one_line(e)}  (--verbose shows the traceback)", file=sys.stderr, flush=True)
         sys.exit(1)
+
+
+def run_launcher(argv, body: Callable[[], object], *, distributed_cfg, verbose: bool, program: str) -> object:
+    """A launcher's `main`: refuse stray arguments, keep the model hubs offline, start multi-host JAX from the
+    config's distributed section `distributed_cfg` (a no-op unless enabled; before anything touches a JAX
+    backend) and the persistent compilation cache, then run `body` under `exit_on_user_error`. `body`
+    imports what it needs."""
+    if len(argv) > 1:
+        from absl import app
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # hubs are never contacted at run time
+
+    def start():
+        from searchjax import distributed, runtime
+        distributed.initialize(distributed_cfg)
+        runtime.enable_compilation_cache()
+        return body()
+    return exit_on_user_error(start, verbose=verbose, program=program)
+
+
+def start_launcher(main: Callable, required: Sequence[str] = ("config", "workdir")) -> None:
+    """A launcher's `if __name__ == "__main__":` block: transparent huge pages (re-executes the process once with
+    GLIBC_TUNABLES set: faster XLA:CPU buffers), the required flags, then absl's `app.run(main)`."""
+    from absl import app, flags
+    from searchjax.runtime import use_transparent_huge_pages
+    use_transparent_huge_pages()
+    flags.mark_flags_as_required(list(required))
+    app.run(main)
