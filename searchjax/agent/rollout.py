@@ -274,8 +274,10 @@ def failure_metrics(trajectories: Sequence) -> dict[str, float]:
 # ------------------------------------------------------------------------------------------- observations
 
 @dataclasses.dataclass(frozen=True)
-class _ObservationCodec:
-    """Encodes observations to at most `budget` tokens (module docstring, "Observations")."""
+class ObservationCodec:
+    """Encodes observations to at most `budget` tokens (module docstring, "Observations"). Public: the SFT
+    demonstrations (searchjax/data/demonstrations.py) encode their observations with it, token for token as the
+    rollout does."""
 
     tokenizer: object
     budget: int
@@ -286,7 +288,7 @@ class _ObservationCodec:
     marker: tuple  # ids of TRUNCATION_MARKER
 
     @classmethod
-    def build(cls, tokenizer, budget: int) -> "_ObservationCodec":
+    def build(cls, tokenizer, budget: int) -> "ObservationCodec":
         head, tail = protocol.information_block("\0").split("\0")
         codec = cls(tokenizer, budget, head, tail, tuple(tokenizer.encode(head)),
                     tuple(tokenizer.encode(TRUNCATION_MARKER + tail)), tuple(tokenizer.encode(TRUNCATION_MARKER)))
@@ -398,7 +400,7 @@ def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg:
                          f"observation blocks (max_obs_tokens={cfg.max_obs_tokens} -> "
                          f"{generation.append_bucket(cfg.max_obs_tokens)} slots each) need {needed}; "
                          f"set max_cache_len >= {needed}")
-    codec = _ObservationCodec.build(tokenizer, cfg.max_obs_tokens) if cfg.search else None
+    codec = ObservationCodec.build(tokenizer, cfg.max_obs_tokens) if cfg.search else None
     searching_turns = cfg.max_turns if cfg.search else 0
     stop = protocol.STOP_STRINGS if cfg.search else (ANSWER_CLOSE,)
 

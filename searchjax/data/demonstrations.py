@@ -41,7 +41,7 @@ import re
 from typing import Iterable, Optional, Sequence
 
 from searchjax.agent import protocol
-from searchjax.agent.rollout import RolloutConfig, _ObservationCodec
+from searchjax.agent.rollout import ObservationCodec, RolloutConfig
 from searchjax.data.jsonl import iter_jsonl
 from searchjax.rewards.qa import normalize_answer
 
@@ -96,7 +96,7 @@ def build_demonstrations(rows: Sequence[dict], tokenizer, retriever, cfg: Rollou
 
     `retriever.search(queries, topk)` is called once per `batch_size` rows with every hop's query (the queries do
     not depend on what is retrieved: a hop's query is its own question)."""
-    codec = _ObservationCodec.build(tokenizer, cfg.max_obs_tokens)
+    codec = ObservationCodec.build(tokenizer, cfg.max_obs_tokens)
     fingerprint = tokenizer_fingerprint(tokenizer)
     settings = {"topk": cfg.topk, "max_obs_tokens": cfg.max_obs_tokens,
                 "max_new_tokens_per_turn": cfg.max_new_tokens_per_turn}
