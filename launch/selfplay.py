@@ -12,8 +12,6 @@ iteration and stage under --workdir: iter_<k>/proposer, iter_<k>/generation, ite
 `searchjax.experiment.selfplay.train_proposer(config, workdir)` (launch/train.py's outputs).
 """
 
-from absl import app, flags
-
 from launch import train  # its --config, --workdir and --resume flags and its start-up body
 
 
@@ -41,7 +39,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from searchjax.runtime import use_transparent_huge_pages
-    use_transparent_huge_pages()  # re-executes once with GLIBC_TUNABLES set (faster XLA:CPU buffers)
-    flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    from searchjax.experiment.validate import start_launcher
+    start_launcher(main)

@@ -15,14 +15,13 @@ Bad input (config, file, data row, workdir, endpoint) ends with one line; `--ver
 """
 
 import json
-import os
 import pathlib
 from typing import Callable
 
-from absl import app, flags, logging
+from absl import flags, logging
 from ml_collections import config_flags
 
-from searchjax.experiment.validate import exit_on_user_error  # stdlib-only at import (no JAX backend touched)
+from searchjax.experiment.validate import run_launcher, start_launcher  # stdlib-only at import (no JAX backend touched)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config: configs/<name>.py[:variant].", lock_config=True)
@@ -35,21 +34,13 @@ _VERBOSE = flags.DEFINE_bool("verbose", False, "Show the traceback of a bad-inpu
 
 
 def run(argv, train: Callable[..., dict]) -> dict:
-    """The body shared with launch/selfplay.py: start-up, config.json, then `train(config, workdir, resume=...)`.
-
-    `train` imports what it needs itself: nothing may touch a JAX backend before `distributed.initialize`.
-    """
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    return exit_on_user_error(lambda: _start(_CONFIG.value, train), verbose=_VERBOSE.value,
-                              program=f"launch.{pathlib.Path(argv[0]).stem}")
+    """The body shared with launch/selfplay.py: start-up (validate.run_launcher), pre-flight checks, config.json,
+    then `train(config, workdir, resume=...)`, which imports what it needs itself."""
+    return run_launcher(argv, lambda: _start(_CONFIG.value, train), distributed_cfg=_CONFIG.value.distributed,
+                        verbose=_VERBOSE.value, program=f"launch.{pathlib.Path(argv[0]).stem}")
 
 
 def _start(config, train: Callable[..., dict]) -> dict:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # hubs are never contacted at run time
-    from searchjax import distributed, runtime
-    distributed.initialize(config.distributed)  # before anything touches a JAX backend
-    runtime.enable_compilation_cache()
     import jax
     from searchjax.experiment import run_dir, validate
     workdir = pathlib.Path(_WORKDIR.value).expanduser()
@@ -72,7 +63,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from searchjax.runtime import use_transparent_huge_pages
-    use_transparent_huge_pages()  # re-executes once with GLIBC_TUNABLES set (faster XLA:CPU buffers)
-    flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    start_launcher(main)
