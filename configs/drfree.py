@@ -39,9 +39,12 @@ Ablations (the paper's Tables 2-3 and Figure 4; append to the variant after a co
   no_proposer_training: the base proposer generates every iteration's questions; hops_111, hops_432,
   hops_1111: training chains per hop count 1:1:1, 4:3:2, or 1:1:1:1 over 1-4-hop chains; frozen_anchor:
   the base model stays the IG anchor (Figure 4's frozen curve); loo_closed_book, loo_source,
-  loo_retrieval, loo_hop: one shortcut type left out of eq. 6 (Table 3). Not available: "w/o KG" (a
-  Dr.Zero-style proposer that searches from a seed passage): the search rollout has no hook for a
-  proposer prompt yet.
+  loo_retrieval, loo_hop: one shortcut type left out of eq. 6 (Table 3); no_kg: "w/o KG", a Dr.Zero-style
+  proposer (proposer.kind = "search", searchjax/drfree/search_proposer.py) that gets each chain's seed passage
+  and hop count h but no chain, and searches (the Search-R1 tool protocol, 4 searching turns with the
+  proposer's reply budget per turn, the solver's observation and top-k settings) before its final
+  <question>/<answer>; its questions go through the same IG reward, HRPO, generation and solver stages,
+  and its qa_pairs.jsonl records each question's searches for the Table 4 audit (searchjax/drfree/audit.py).
 
 Dr.Zero's difficulty reward instead of IG (the paper's ablation): --config.reward_fn=drzero_difficulty
 --config.eval_reward_fn=drzero_difficulty (n = difficulty.rollout.group_size = 5 solver rollouts per question).
@@ -50,6 +53,7 @@ The anchor can be a trained solver instead of the base model: --config.anchor.pa
   python -m launch.selfplay --config configs/drfree.py:quickstart --workdir /tmp/drfree_quickstart
   python -m launch.selfplay --config configs/drfree.py:quickstart_smoke --workdir /tmp/drfree_smoke
   python -m launch.selfplay --config configs/drfree.py:quickstart,frozen_anchor --workdir /tmp/drfree_frozen
+  python -m launch.selfplay --config configs/drfree.py:quickstart,no_kg --workdir /tmp/drfree_no_kg
   python -m launch.selfplay --config configs/drfree.py:qwen2.5-7b-instruct --workdir ~/runs/drfree \
       --config.chains.pool=~/chains/chains.jsonl --config.retrieval.url=http://127.0.0.1:8000
   python -m launch.selfplay --config configs/drfree.py:quickstart --workdir /tmp/drfree_proposer --config.run=proposer
@@ -94,6 +98,29 @@ def _ig_difficulty(c):
     c.reward_fn = c.eval_reward_fn = "drfree_ig_difficulty"
 
 
+NO_KG_SEARCHES = 4  # searching turns of the w/o KG proposer: one per hop, up to 4-hop labels (hops_1111)
+# Its prompt is the instruction and one seed passage: 475 SmolLM2 tokens with a one-sentence seed, about 600
+# with a 100-word (wiki-18-sized) passage.
+NO_KG_PROMPT_TOKENS = 1024
+
+
+def _no_kg(c):
+    """w/o KG: the searching proposer with the solver's observation and top-k settings; its reply budget per turn
+    stays the proposer's. Seed prompts longer than NO_KG_PROMPT_TOKENS are dropped (counted); the cache and the
+    largest response bucket are sized for every turn and observation (searchjax.experiment.validate checks)."""
+    r, s = c.rollout, c.solver.rollout
+    c.proposer.kind = "search"
+    c.chains.max_prompt_tokens = NO_KG_PROMPT_TOKENS
+    c.batch.prompt_buckets = (NO_KG_PROMPT_TOKENS // 2, NO_KG_PROMPT_TOKENS)
+    r.search, r.max_turns = True, NO_KG_SEARCHES
+    r.max_obs_tokens, r.topk = s.max_obs_tokens, s.topk
+    append = max(16, 1 << (r.max_obs_tokens - 1).bit_length())  # generation.append_bucket: next power of two >= 16
+    r.max_cache_len = NO_KG_PROMPT_TOKENS + (r.max_turns + 1) * r.max_new_tokens_per_turn + r.max_turns * append
+    longest = (r.max_turns + 1) * r.max_new_tokens_per_turn + r.max_turns * r.max_obs_tokens
+    c.batch.response_buckets = tuple(b for b in (128, 256, 512, 1024, 2048, 4096) if b < longest) + (
+        -(-longest // 128) * 128,)
+
+
 # The paper's ablations as config switches (`<variant>,<ablation>`); each only edits the fields it names.
 ABLATIONS = {
     "difficulty": _difficulty,  # Difficulty only: Dr.Zero's reward, n = 5 solver rollouts per question
@@ -103,6 +130,7 @@ ABLATIONS = {
     "hops_432": _hop_mix((1, 2, 3), (4, 3, 2)),
     "hops_1111": _hop_mix((1, 2, 3, 4), (1, 1, 1, 1)),  # 4-hop chains in the pool too
     "frozen_anchor": _set("self_evolution.anchor", "frozen"),  # Figure 4: the base model anchors every iteration
+    "no_kg": _no_kg,  # w/o KG: a Dr.Zero-style proposer that searches from the chains' seed passages
     **{f"loo_{kind}": _leave_out(kind) for kind in ("closed_book", "source", "retrieval", "hop")},  # Table 3
 }
 
@@ -259,6 +287,8 @@ def _base_config(arg: str):
     config.eval.num_prompts = 64  # = chains.eval_chains
 
     config.chains = chains_section("~/chains/chains.jsonl")
+    config.proposer = ml_collections.ConfigDict()
+    config.proposer.kind = "kg"  # "kg": a chain per prompt, no search | "search": the w/o KG ablation (no_kg)
     config.anchor = frozen_model_section()  # the IG anchor: the base model at first, later a solver checkpoint
     config.information_gain = information_gain_section()
     config.difficulty = difficulty_section(solver_rollout)

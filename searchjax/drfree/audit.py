@@ -3,9 +3,10 @@ and jsonl (`write_table`).
 
 Input: `AuditQuestion`s (`read_questions`: the qa_pairs.jsonl of searchjax.experiment.self_evolution, or any
 jsonl with the same fields, e.g. a Dr.Zero-style proposer's output): the question, the proposer's answer and
-aliases, the hop label, the searches the proposer made while writing it (ours: 0), and its passages
-(passages[0] the seed/source passage, passages[k] the k-th chain component; a proposer without chains has
-the seed only), tagged with the method that produced it.
+aliases, the hop label, the searches the proposer made while writing it (the chain proposer: 0; the w/o KG
+proposer of searchjax/drfree/search_proposer.py: its executed searches), and its passages (passages[0] the
+seed/source passage, passages[k] the k-th chain component, or what the k-th search returned), tagged with
+the method that produced it.
 
 Table 4, proposer behaviour, over one method's multi-hop-labelled questions (hops >= 2):
     no_search       share generated without any search (num_searches = 0)

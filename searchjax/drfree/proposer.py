@@ -251,15 +251,17 @@ def proposer_prompt_text(prompt, tokenizer) -> str:
 
 
 def chain_prompts(records: Sequence[dict], *, tokenizer=None, max_prompt_tokens: int | None = None,
-                  data_source: str = "chains") -> tuple[list, int]:
-    """(prompts, number dropped): `chain_prompt` of every record, minus those whose full prompt
+                  data_source: str = "chains", build=None) -> tuple[list, int]:
+    """(prompts, number dropped): `build(record, data_source)` of every record (default `chain_prompt`; the
+    w/o KG ablation passes searchjax.drfree.search_proposer.seed_prompt), minus those whose full prompt
     (`proposer_prompt_text`, tokenised) is longer than max_prompt_tokens (the paper's prompt length, 2560;
     like verl's filter_overlong_prompts). max_prompt_tokens needs the tokenizer."""
     if max_prompt_tokens is not None and tokenizer is None:
         raise ValueError("chain_prompts: max_prompt_tokens needs a tokenizer")
+    build = build or chain_prompt
     prompts, dropped = [], 0
     for record in records:
-        prompt = chain_prompt(record, data_source)
+        prompt = build(record, data_source)
         too_long = max_prompt_tokens is not None and \
             len(tokenizer.encode(proposer_prompt_text(prompt, tokenizer))) > max_prompt_tokens
         if too_long:
@@ -267,6 +269,24 @@ def chain_prompts(records: Sequence[dict], *, tokenizer=None, max_prompt_tokens:
             continue
         prompts.append(prompt)
     return prompts, dropped
+
+
+def proposer_rows(prompts: Sequence, tokenizer, cfg, who: str) -> tuple[list, list, list]:
+    """(prompt ids per prompt, rows (prompt index, sample index) prompt-major, prompt ids per row) of a proposer
+    rollout whose prompts are `proposer_prompt_text`; raises, naming `who`, when cfg.max_cache_len cannot hold
+    the padded prompt and every turn (searchjax.agent.rollout.required_cache_len)."""
+    from searchjax import generation
+    from searchjax.agent.rollout import encode_many, required_cache_len
+    prompt_ids = encode_many(tokenizer, [proposer_prompt_text(p, tokenizer) for p in prompts])
+    rows = [(i, g) for i in range(len(prompts)) for g in range(cfg.group_size)]
+    row_prompts = [prompt_ids[i] for i, _ in rows]
+    needed = required_cache_len(row_prompts, cfg)
+    if needed > cfg.max_cache_len:
+        turns = cfg.max_turns if cfg.search else 0
+        raise ValueError(f"rollout.max_cache_len={cfg.max_cache_len} is too small for {who}: padded prompt "
+                         f"({generation.prompt_bucket(row_prompts)}) + {turns + 1} turn(s) of max_new_tokens_per_turn "
+                         f"({cfg.max_new_tokens_per_turn}) + {turns} observation block(s) = {needed}")
+    return prompt_ids, rows, row_prompts
 
 
 def chain_of(trajectory) -> dict:

@@ -4,8 +4,9 @@ Each iteration k = 1..K (K = config.self_evolution.iterations; the paper: three)
 
   proposer    config.total_steps HRPO updates of the proposer (`selfplay`: chain prompts, one proposal each,
               reward eq. 12 with the anchor A_k), through `searchjax.experiment.loop.train`;
-  generation  the updated proposer writes one proposal for each of freshly shuffled training chains
-              (temperature config.generation.temperature) until the solver's budget
+  generation  the updated proposer writes one proposal for each of freshly shuffled training chains (the
+              "w/o KG" ablation, config.proposer.kind = "search": one searching proposal per chain's seed
+              passage), at temperature config.generation.temperature, until the solver's budget
               B = solver.total_steps x solver.prompts_per_step pairs is met; a proposal becomes a pair only
               when it passes the gate of eq. 12 (s_fmt = 1: think, question, answer = the chain's target,
               answer not in the question; and grounded in the chain's passages) and its question is new;
@@ -213,16 +214,20 @@ def generate_pairs(config, components, params, iteration: int, out_dir: pathlib.
                 reason = "surplus"  # only the pairs the solver's budget needs
             if reason is not None:
                 counts[reason] += 1
-                rejected.append({"chain_id": record["id"], "hops": record["hops"], "reason": reason,
+                rejected.append({"chain_id": record["id"], "hops": int(t.prompt.hops), "reason": reason,
                                  "question": check.question, "answer": check.answer,
                                  "format_score": check.format_score, "grounded": check.grounded,
-                                 "response_text": t.response_text})
+                                 "num_searches": int(t.num_searches), "response_text": t.response_text})
                 continue
             seen.add(normalize_answer(check.question))
+            # hops: the prompt's label (the chain's h; for the w/o KG proposer the requested h, which its
+            # searches need not match: the Table 4 audit compares the two); passages: the evidence read, the
+            # seed first (a w/o KG proposal without search has only the seed: its empty hop passage is left out)
             pairs.append({"uid": f"{source}/{len(pairs):06d}", "question": check.question, "answer": check.answer,
-                          "golden_answers": [check.answer], "hops": int(record["hops"]), "data_source": source,
-                          "chain_id": record["id"], "iteration": iteration, "num_searches": 0,
-                          "passages": [{"title": p["title"], "text": p["text"]} for p in record["passages"]]})
+                          "golden_answers": [check.answer], "hops": int(t.prompt.hops), "data_source": source,
+                          "chain_id": record["id"], "iteration": iteration, "num_searches": int(t.num_searches),
+                          "passages": [{"title": p["title"], "text": p["text"]} for k, p in
+                                       enumerate(record["passages"]) if k == 0 or p["text"]]})
     if not pairs:  # a weak proposer (e.g. a 135M model on CPU): the driver skips this iteration's solver
         log.warning("iteration %d generation: none of %d proposals became a pair (rejected: %s); the solver "
                     "stage is skipped", iteration, tried, dict(counts))
@@ -293,6 +298,7 @@ def run_self_evolution(config, workdir: str | os.PathLike, *, resume: bool = Fal
     components = components or selfplay.build_components(config, workdir)
     if not isinstance(components, SelfPlayComponents):
         components = SelfPlayComponents(**{f.name: getattr(components, f.name) for f in dataclasses.fields(Components)})
+    components = dataclasses.replace(components, proposer=selfplay.proposer_kind(config))  # config.proposer.kind
     if solver_eval_prompts is None:
         from searchjax.distributed import process_shard
         solver_eval_prompts = process_shard(setup.load_prompts(config.solver.eval_data)) \

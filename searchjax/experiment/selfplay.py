@@ -23,6 +23,12 @@ otherwise an HF directory or .gguf file, e.g. a solver checkpoint exported by th
 self-evolution driver (`searchjax.experiment.self_evolution`) passes the previous iteration's solver in
 memory instead (`SelfPlayComponents.frozen`), which overrides both sections.
 
+The proposer kind (`config.proposer.kind`): "kg" (Dr.Free: one chain per prompt, no search; `proposer_rollout`)
+or "search" (the "w/o KG" ablation: a Dr.Zero-style proposer that gets only the chain's seed passage and hop
+count and searches before it writes; `searchjax.drfree.search_proposer`). The kind rides on
+`SelfPlayComponents.proposer`, so the proposer stage and the generation stage call the same "drfree_proposer"
+rollout, and the rewards read the evidence each trajectory carries either way.
+
 Ablation rewards: "drfree_ig_difficulty" (IG + Difficulty, `build_ig_difficulty_reward`) adds Dr.Zero's
 difficulty score of the frozen solver to eq. 12. Hop mixes: `config.chains.hops` (the chain lengths of
 the pool, e.g. (1, 2, 3, 4)) and `config.chains.hop_ratio` (training chains per hop count, e.g. (4, 3, 2);
@@ -44,8 +50,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from searchjax import generation
-from searchjax.agent.rollout import END_ANSWER, END_EOS, END_TURNS, RolloutConfig, Trajectory, required_cache_len
-from searchjax.drfree.proposer import chain_of, chain_prompts, parse_proposer_output, proposer_prompt_text
+from searchjax.agent.rollout import END_ANSWER, END_EOS, END_TURNS, RolloutConfig, Trajectory
+from searchjax.drfree.proposer import chain_of, chain_prompts, parse_proposer_output, proposer_rows
 from searchjax.eval.metrics import is_valid_answer
 from searchjax.experiment.setup import Components
 
@@ -56,6 +62,7 @@ IG_REWARD = "drfree_information_gain"
 DIFFICULTY_REWARD = "drzero_difficulty"
 IG_DIFFICULTY_REWARD = "drfree_ig_difficulty"
 _END_REASONS = {"stop": END_ANSWER, "eos": END_EOS, "length": END_TURNS}
+PROPOSER_KINDS = ("kg", "search")  # config.proposer.kind: Dr.Free's chain proposer | the w/o KG ablation's searcher
 
 
 @dataclasses.dataclass
@@ -64,9 +71,11 @@ class SelfPlayComponents(Components):
 
     frozen: (model, params, tokenizer) used as the IG anchor and as the difficulty solver instead of
     config.anchor / config.difficulty.solver; None = load those sections (`frozen_model`).
+    proposer: the proposer kind (`PROPOSER_KINDS`, config.proposer.kind) the "drfree_proposer" rollout runs.
     """
 
     frozen: tuple | None = None
+    proposer: str = "kg"
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -90,14 +99,7 @@ def proposer_rollout(model, params, tokenizer, prompts: Sequence, cfg: RolloutCo
     uids = [p.uid for p in prompts]
     if not prompts or len(set(uids)) != len(uids):
         raise ValueError(f"proposer_rollout: prompts must be non-empty with unique uids, got {uids[:10]}")
-    prompt_ids = [tokenizer.encode(proposer_prompt_text(p, tokenizer)) for p in prompts]
-    rows = [(i, g) for i in range(len(prompts)) for g in range(cfg.group_size)]
-    row_prompts = [prompt_ids[i] for i, _ in rows]
-    needed = required_cache_len(row_prompts, cfg)
-    if needed > cfg.max_cache_len:
-        raise ValueError(f"rollout.max_cache_len={cfg.max_cache_len} is too small for the proposer: padded prompt "
-                         f"({generation.prompt_bucket(row_prompts)}) + max_new_tokens_per_turn "
-                         f"({cfg.max_new_tokens_per_turn}) = {needed}")
+    prompt_ids, rows, row_prompts = proposer_rows(prompts, tokenizer, cfg, "the proposer")
     session = generation.start(model, params, row_prompts, max_cache_len=cfg.max_cache_len, tokenizer=tokenizer,
                                seed=seed, logits_fn=logits_fn)
     _, outputs = generation.decode(session, cfg.max_new_tokens_per_turn, temperature=cfg.temperature,
@@ -117,7 +119,15 @@ def proposer_rollout(model, params, tokenizer, prompts: Sequence, cfg: RolloutCo
 
 
 def proposer_rollout_fn(components, params, prompts: list, rollout_cfg: dict, seed: int) -> list:
-    """The loop's rollout signature (searchjax.experiment.loop.ROLLOUT_FNS) around `proposer_rollout`."""
+    """The loop's rollout signature (searchjax.experiment.loop.ROLLOUT_FNS) around `proposer_rollout`, or the
+    w/o KG proposer's search rollout when components.proposer is "search"."""
+    kind = getattr(components, "proposer", "kg")
+    if kind == "search":
+        from searchjax.drfree.search_proposer import search_proposer_rollout
+        return search_proposer_rollout(components.model, params, components.tokenizer, components.retriever, prompts,
+                                       RolloutConfig(**rollout_cfg), seed=seed)
+    if kind != "kg":
+        raise ValueError(f"config.proposer.kind={kind!r}; valid: {PROPOSER_KINDS}")
     return proposer_rollout(components.model, params, components.tokenizer, prompts, RolloutConfig(**rollout_cfg),
                             seed=seed)
 
@@ -269,7 +279,8 @@ def build_components(config, workdir: str | os.PathLike):
     model = Transformer(model.config.replace(remat_policy=config.model.remat_policy))
     tokenizer = load_tokenizer(setup.resolve_model_path(config.model.tokenizer) if config.model.tokenizer else path)
     records, retriever = load_chains(config, workdir)
-    prompts, dropped = chain_prompts(records, tokenizer=tokenizer, max_prompt_tokens=config.chains.max_prompt_tokens)
+    kind = proposer_kind(config)
+    prompts, dropped = proposer_prompts(records, kind, tokenizer, config.chains.max_prompt_tokens)
     if dropped:
         log.warning("dropped %d of %d chains whose proposer prompt exceeds %d tokens", dropped, len(records),
                     config.chains.max_prompt_tokens)
@@ -277,7 +288,25 @@ def build_components(config, workdir: str | os.PathLike):
     train = apply_hop_ratio(train, tuple(config.chains.hops), tuple(config.chains.hop_ratio))
     return SelfPlayComponents(model=model, params=params, tokenizer=tokenizer, retriever=retriever,  # multi-host:
                               train_prompts=process_shard(train), eval_prompts=process_shard(held_out),  # each
-                              mesh=mesh)  # process its share
+                              mesh=mesh, proposer=kind)  # process its share
+
+
+def proposer_kind(config) -> str:
+    """config.proposer.kind, checked ("kg" when the config has no proposer section)."""
+    kind = config.proposer.kind if "proposer" in config else "kg"
+    if kind not in PROPOSER_KINDS:
+        raise ValueError(f"config.proposer.kind={kind!r}; valid: {PROPOSER_KINDS}")
+    return kind
+
+
+def proposer_prompts(records: Sequence[dict], kind: str, tokenizer, max_prompt_tokens: int | None) -> tuple[list, int]:
+    """(prompts, dropped) of the chain records for a proposer kind: chain prompts ("kg") or the w/o KG
+    proposer's seed prompts ("search": the seed passage and hop count of each chain, nothing else of it)."""
+    if kind == "search":
+        from searchjax.drfree.search_proposer import DATA_SOURCE, seed_prompt
+        return chain_prompts(records, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens,
+                             data_source=DATA_SOURCE, build=seed_prompt)
+    return chain_prompts(records, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens)
 
 
 def round_robin_by_hops(prompts: Sequence) -> list:
