@@ -43,7 +43,7 @@ CASE = {
                  [77], [12, 34, 56, 78, 90, 21]]],
     "seeds": [3, 11],
     "blocks": [[[], [], []], [[7, 8, 9], [], [10, 11], [200]]],
-    "cache_len": 48, "turn_tokens": 8,
+    "cache_len": 48, "turn_tokens": 4,  # few steps: across processes each decode step waits on gloo collectives
 }
 
 TURN = 16  # the rollout's max_new_tokens_per_turn
