@@ -162,7 +162,7 @@ def required_cache_len(prompt_ids: Sequence[Sequence[int]], cfg: RolloutConfig) 
             + turns * generation.append_bucket(cfg.max_obs_tokens))
 
 
-def _check_config(cfg: RolloutConfig) -> None:
+def check_rollout_config(cfg: RolloutConfig) -> None:
     if not isinstance(cfg, RolloutConfig):
         raise TypeError(f"rollout: cfg must be a RolloutConfig, got {type(cfg).__name__}")
     for name in ("group_size", "max_new_tokens_per_turn", "max_obs_tokens", "topk", "max_cache_len"):
@@ -175,7 +175,7 @@ def _check_config(cfg: RolloutConfig) -> None:
                          f"top_k={cfg.top_k} >= 0")
 
 
-def _check_prompts(prompts: Sequence[Prompt]) -> None:
+def check_prompts(prompts: Sequence[Prompt]) -> None:
     if not prompts:
         raise ValueError("rollout: prompts is empty")
     seen: dict[str, int] = {}
@@ -331,7 +331,7 @@ class ObservationCodec:
         return [(list(out[t][0]), out[t][1]) for t in texts]
 
 
-def _search(retriever, queries: list[str], topk: int) -> tuple[Optional[list], Optional[str]]:
+def search_turn(retriever, queries: list[str], topk: int) -> tuple[Optional[list], Optional[str]]:
     """(one hit list per query, None) or (None, error description); never raises an Exception."""
     try:
         results = retriever.search(list(queries), topk)
@@ -351,7 +351,7 @@ def _search(retriever, queries: list[str], topk: int) -> tuple[Optional[list], O
 # ------------------------------------------------------------------------------------------------ the loop
 
 @dataclasses.dataclass
-class _Row:
+class RowState:
     """Host-side accumulator of one trajectory."""
 
     response_ids: list = dataclasses.field(default_factory=list)
@@ -385,8 +385,8 @@ def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg:
     searchjax.generation), for scripted tests and the scale rehearsal. timings: a dict that gets the seconds
     of each phase added (module docstring).
     """
-    _check_config(cfg)
-    _check_prompts(prompts)
+    check_rollout_config(cfg)
+    check_prompts(prompts)
     prompts = list(prompts)
     with timed(timings, "tokenize"):
         prompt_ids = encode_many(tokenizer, [protocol.build_prompt(p.question, tokenizer) for p in prompts])
@@ -407,7 +407,7 @@ def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg:
     with timed(timings, "generate"):
         session = generation.start(model, params, row_prompts, max_cache_len=cfg.max_cache_len, tokenizer=tokenizer,
                                    seed=process_seed(seed), logits_fn=logits_fn)
-    state = [_Row() for _ in rows]
+    state = [RowState() for _ in rows]
     for turn in range(searching_turns + 1):
         final = turn == searching_turns
         running = [b for b, row in enumerate(state) if row.end_reason is None]
@@ -449,7 +449,7 @@ def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg:
             observations.update(zip(invalid, encoded))
         if searching:
             with timed(timings, "retrieval"):
-                results, error = _search(retriever, [q for _, q in searching], cfg.topk)
+                results, error = search_turn(retriever, [q for _, q in searching], cfg.topk)
             if error is not None:
                 log.warning("rollout turn %d: the retriever failed on %d queries (%s); they get the error observation",
                             turn, len(searching), error)

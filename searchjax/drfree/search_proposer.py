@@ -53,8 +53,8 @@ from typing import Sequence
 from searchjax import generation
 from searchjax.agent import protocol
 from searchjax.agent.rollout import (END_EOS, END_TURNS, RETRIEVAL_ERROR_OBSERVATION, ObservationCodec, Prompt,
-                                     RolloutConfig, Trajectory, _check_config, _check_prompts, _Row, _search,
-                                     decode_many, process_seed)
+                                     RolloutConfig, RowState, Trajectory, check_prompts, check_rollout_config,
+                                     decode_many, process_seed, search_turn)
 from searchjax.drfree.proposer import (CHAIN_METADATA_KEY, _last_block, check_chain_record, parse_proposer_output,
                                        proposer_rows, question_word_range)
 from searchjax.eval.metrics import count_duplicate_queries, count_searches, is_valid_answer
@@ -133,8 +133,8 @@ def search_proposer_rollout(model, params, tokenizer, retriever, prompts: Sequen
     proposed answer. cfg.search must be True; at most cfg.max_turns searches are executed."""
     if not cfg.search:
         raise ValueError("search_proposer_rollout: the w/o KG proposer searches; set rollout.search=True")
-    _check_config(cfg)
-    _check_prompts(prompts)
+    check_rollout_config(cfg)
+    check_prompts(prompts)
     prompts = list(prompts)
     missing = [p.uid for p in prompts if SEED_METADATA_KEY not in p.metadata]
     if missing:
@@ -144,7 +144,7 @@ def search_proposer_rollout(model, params, tokenizer, retriever, prompts: Sequen
     codec = ObservationCodec.build(tokenizer, cfg.max_obs_tokens)
     session = generation.start(model, params, row_prompts, max_cache_len=cfg.max_cache_len, tokenizer=tokenizer,
                                seed=process_seed(seed), logits_fn=logits_fn)
-    state = [_Row() for _ in rows]
+    state = [RowState() for _ in rows]
     for turn in range(cfg.max_turns + 1):
         running = [b for b, row in enumerate(state) if row.end_reason is None]
         if not running and not session.any_running:  # on a mesh spanning processes, decode while any process runs
@@ -170,7 +170,7 @@ def search_proposer_rollout(model, params, tokenizer, retriever, prompts: Sequen
                 searching.append((b, query))
         encoded = {}
         if searching:
-            results, error = _search(retriever, [q for _, q in searching], cfg.topk)
+            results, error = search_turn(retriever, [q for _, q in searching], cfg.topk)
             if error is not None:
                 log.warning("w/o KG proposer turn %d: the retriever failed on %d queries (%s); they get the error "
                             "observation", turn, len(searching), error)
@@ -190,7 +190,7 @@ def search_proposer_rollout(model, params, tokenizer, retriever, prompts: Sequen
             zip(rows, state, decode_many(tokenizer, [row.response_ids for row in state]))]
 
 
-def _trajectory(prompt: Prompt, g: int, prompt_ids: list, row: _Row, text: str) -> Trajectory:
+def _trajectory(prompt: Prompt, g: int, prompt_ids: list, row: RowState, text: str) -> Trajectory:
     """A finished row as a Trajectory whose prompt carries the evidence record of what it read."""
     answer = parse_proposer_output(text).answer
     record = evidence_record(prompt.metadata[SEED_METADATA_KEY], row.queries, row.retrieved, answer)
