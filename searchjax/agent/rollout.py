@@ -79,7 +79,9 @@ import logging
 import time
 from typing import Optional, Sequence
 
-from searchjax import generation
+import numpy as np
+
+from searchjax import distributed, generation, sharding
 from searchjax.agent import protocol
 from searchjax.eval.metrics import count_duplicate_queries, count_searches, is_valid_answer
 from searchjax.rewards.qa import ANSWER_CLOSE, extract_answer
@@ -392,10 +394,13 @@ def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg:
         prompt_ids = encode_many(tokenizer, [protocol.build_prompt(p.question, tokenizer) for p in prompts])
     rows = [(i, g) for i in range(len(prompts)) for g in range(cfg.group_size)]
     row_prompts = [prompt_ids[i] for i, _ in rows]
-    needed = required_cache_len(row_prompts, cfg)
+    needed, bucket = required_cache_len(row_prompts, cfg), generation.prompt_bucket(row_prompts)
+    if sharding.spans_processes(sharding.mesh_of(params)):
+        # every process must stop together: one that raised alone would leave the others in a collective
+        needed, bucket = (int(v) for v in np.max(distributed.allgather(np.asarray([[needed, bucket]])), axis=0))
     if needed > cfg.max_cache_len:
         raise ValueError(f"RolloutConfig.max_cache_len={cfg.max_cache_len} is too small: the padded prompt "
-                         f"({generation.prompt_bucket(row_prompts)}) + {cfg.max_turns if cfg.search else 0} searching "
+                         f"({bucket}) + {cfg.max_turns if cfg.search else 0} searching "
                          f"turns and a final one of max_new_tokens_per_turn={cfg.max_new_tokens_per_turn} + the "
                          f"observation blocks (max_obs_tokens={cfg.max_obs_tokens} -> "
                          f"{generation.append_bucket(cfg.max_obs_tokens)} slots each) need {needed}; "

@@ -8,7 +8,8 @@ checkpoint sharded, reads its own prompts, seed and append blocks from WORK_DIR/
 have different prompts, as their `process_shard`s would), runs a two-turn session on the global mesh (a
 greedy decode, append, a sampled decode, sequences), then one search-agent rollout of its own questions
 whose tokens the scripted policy of tests/rollout/rollout_scripts.py forces (indexed by global row; no model,
-its stand-in parameters sharded on the same mesh), and writes WORK_DIR/result<PROCESS_ID>.json.
+its stand-in parameters sharded on the same mesh), then a rollout whose cache fits only process 0's prompt
+(both must refuse it), and writes WORK_DIR/result<PROCESS_ID>.json.
 """
 
 import json
@@ -39,6 +40,27 @@ def scripted_rollout(case, process_id, mesh):
     fields = ("response_ids", "loss_mask", "sampler_logprobs", "queries", "answer", "end_reason", "num_turns",
               "invalid_actions", "forced_termination")
     return [{f: getattr(t, f) for f in fields} for t in trajectories], [q for q, _ in retriever.calls]
+
+
+def cache_check(case, process_id, mesh):
+    """A cache that fits process 0's prompt but not process 1's longer one: the error, on every process (one that
+    went on alone would wait in generation's first collective for ever)."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+    from searchjax.agent.rollout import Prompt, RolloutConfig, rollout
+    from searchjax.tokenization import load_tokenizer
+    tok = load_tokenizer(case["gguf"])
+    stand_in = jax.make_array_from_callback((4,), NamedSharding(mesh, PartitionSpec("fsdp")),
+                                            lambda index: np.zeros(4, np.float32)[index])
+    question = case["cache_check"]["questions"][process_id]
+    config = RolloutConfig(**dict(case["config"], max_cache_len=case["cache_check"]["max_cache_len"]))
+    try:
+        rollout(None, {"stand_in": stand_in}, tok, None, [Prompt(uid="q", question=question, golden_answers=("x",))],
+                config, seed=0, logits_fn=lambda *args: None)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def main():
@@ -77,12 +99,14 @@ def main():
     began = time.perf_counter()
     trajectories, searches = scripted_rollout(case["rollout"], process_id, mesh)
     seconds["rollout"] = time.perf_counter() - began
+    cache_error = cache_check(case["rollout"], process_id, mesh)
     with open(os.path.join(work_dir, f"result{process_id}.json"), "w") as f:
         json.dump(dict(process_count=jax.process_count(), device_count=jax.device_count(),
                        spans_processes=sharding.spans_processes(mesh), row_offset=session.row_offset,
                        cache_spec=cache_spec, any_running_after_append=any_running,
                        any_running_after_decode=session.any_running, first=rows(first), second=rows(second),
-                       sequences=sequences, rollout=trajectories, searches=searches, seconds=seconds), f)
+                       sequences=sequences, rollout=trajectories, searches=searches, cache_error=cache_error,
+                       seconds=seconds), f)
     jax.distributed.shutdown()
 
 

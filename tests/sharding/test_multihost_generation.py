@@ -13,7 +13,8 @@ forced by a script (tests/rollout/rollout_scripts.py) with no model, so the sess
 parameters split across the processes (the KV cache across processes is the first part's). Process 0's rows answer
 in the first turn; process 1's search twice (or act invalidly once) before answering, so process 0 must go on
 decoding and appending with nothing of its own to run. Its trajectories must be the hand-written scripts and
-equal a one-process rollout of both prompts; the retriever calls are process 1's two searches only.
+equal a one-process rollout of both prompts; the retriever calls are process 1's two searches only. A cache
+that only process 1's longer prompt overflows is refused by both processes with the same message.
 """
 
 import json
@@ -68,7 +69,13 @@ def _rollout_case(tok):
     cfg["max_cache_len"] = required_cache_len(prompt_ids, RolloutConfig(**cfg))
     rows = [ids for ids in prompt_ids for _ in range(cfg["group_size"])]
     segments = [row for group in _scripts(tok) for row in group]  # prompt-major, process 0's rows first
+    # A cache for process 0's short question that process 1's long one overflows (its prompt bucket is larger).
+    questions = ["Who?", "Which " + "very " * 400 + "long question is this?"]
+    short, long = (tok.encode(protocol.build_prompt(q, tok)) for q in questions)
+    check_len = required_cache_len([short], RolloutConfig(**cfg))
+    assert required_cache_len([long], RolloutConfig(**cfg)) > check_len
     return {"gguf": None, "config": cfg, "sequences": [sequence(ids, seg) for ids, seg in zip(rows, segments)],
+            "cache_check": {"questions": questions, "max_cache_len": check_len},
             "prompts": [[{"uid": p.uid, "question": p.question, "golden_answers": list(p.golden_answers)}
                          for p in group] for group in PROMPTS]}
 
@@ -137,3 +144,6 @@ def test_two_process_mesh_generates_and_rolls_out_like_one_process(tiny_checkpoi
                 g["forced_termination"]) == (t.queries, t.answer, t.end_reason, t.num_turns, t.invalid_actions,
                                              t.forced_termination)
     assert [t["answer"] for t in got] == ["Paris", "Paris, France", "42", "42"]
+    # A cache too small for one process's prompts: both refuse it, before anything runs, with the agreed need.
+    errors = [r["cache_error"] for r in results]
+    assert all(e and "max_cache_len" in e for e in errors) and errors[0] == errors[1], errors
