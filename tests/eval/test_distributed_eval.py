@@ -2,17 +2,12 @@
 gathers, grades and writes; every file equals a one-process run's, byte for byte."""
 
 import json
-import os
 import pathlib
-import socket
-import subprocess
-import sys
-import time
 
 from searchjax.eval import suite
+from worker_processes import run_two
 
 HERE = pathlib.Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 WORKER = HERE / "two_process_eval_worker.py"
 
 
@@ -25,40 +20,10 @@ def test_batch_shards_are_whole_batches_in_order():
     assert suite.batch_shard(5, 8) == (0, 5, 0)  # one process: everything
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_two(model_dir, out_dir, timeout=240):
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if not f.startswith("--xla_force_host_platform_device_count"))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(i), str(port), str(model_dir), str(out_dir)],
-                              env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-    deadline = time.monotonic() + timeout
-    try:
-        while any(p.poll() is None for p in procs):
-            if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for i, p in enumerate(procs):
-        log = p.communicate()[0]
-        assert p.returncode == 0, f"worker {i} exited with {p.returncode}:\n{log[-4000:]}"
-
-
 def test_two_processes_evaluate_like_one(tiny_dir, tmp_path):
     from two_process_eval_worker import QUESTIONS, evaluate_tiny
     one, two = tmp_path / "one", tmp_path / "two"
-    _run_two(tiny_dir, two)
+    run_two(WORKER, tiny_dir, two, timeout=240)
     rows = evaluate_tiny(tiny_dir, one, process=(0, 1))
     files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file() and p.name != "summary.json")
     assert [str(f) for f in files] == ["grader.v1.txt", "judge_cache.jsonl", "policy/judge_audit_tiny.jsonl",

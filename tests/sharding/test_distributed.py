@@ -1,21 +1,16 @@
 """Multi-host plumbing: config-driven start-up, process shards, host gathers, and two real CPU processes."""
 
 import json
-import os
 import pathlib
-import socket
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
 
 from searchjax import distributed
 from searchjax.scoring import token_logprobs
+from worker_processes import run_two
 
 WORKER = pathlib.Path(__file__).with_name("two_process_worker.py")
-REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_process_shard_is_a_disjoint_cover():
@@ -34,42 +29,11 @@ def test_single_process_helpers():
         distributed.initialize(cfg)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run_workers(checkpoint, work_dir, timeout=300):
-    env = dict(os.environ)
-    # Each worker sets its own 2 CPU devices; drop the 8-device flag tests/conftest.py exported.
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if not f.startswith("--xla_force_host_platform_device_count"))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(i), str(port), str(checkpoint), str(work_dir)],
-                              env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-    deadline = time.monotonic() + timeout
-    try:
-        while any(p.poll() is None for p in procs):
-            if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
-                break  # one failed (the other would wait for it) or too slow
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    logs = [p.communicate()[0] for p in procs]
-    for i, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"worker {i} exited with {p.returncode}:\n{log[-4000:]}"
-
-
 def test_two_processes_load_sharded_and_score_like_one(tiny_checkpoint, tiny_single, scoring_batch, tmp_path):
     from safetensors import safe_open
     ids, mask = scoring_batch
     np.savez(tmp_path / "batch.npz", ids=ids, mask=mask)
-    _run_workers(tiny_checkpoint, tmp_path)
+    run_two(WORKER, tiny_checkpoint, tmp_path, timeout=300)
 
     want = np.asarray(token_logprobs(*tiny_single, ids, mask))
     with safe_open(tiny_checkpoint / "model.safetensors", "numpy") as f:

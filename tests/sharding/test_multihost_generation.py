@@ -18,9 +18,7 @@ that only process 1's longer prompt overflows is refused by both processes with 
 """
 
 import json
-import os
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
@@ -28,14 +26,13 @@ import numpy as np
 from searchjax import generation
 from searchjax.agent import protocol
 from searchjax.agent.rollout import Prompt, RolloutConfig, required_cache_len, rollout
-from test_multihost_size import _free_port, _wait  # the 2-process harness of the training-loop test
+from worker_processes import run_two
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "rollout"))
 from rollout_scripts import (CountingRetriever, expected_mask, gen, obs, scripted_logits_fn,  # noqa: E402
                              search_obs, sequence)
 
 WORKER = pathlib.Path(__file__).with_name("multihost_generation_worker.py")
-REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # 3 and 4 rows (a 7-row global batch, padded to 8); one prompt bucket (16), so both references share programs.
 CASE = {
@@ -95,14 +92,7 @@ def test_two_process_mesh_generates_and_rolls_out_like_one_process(tiny_checkpoi
     tok = load_tokenizer(smollm2_gguf_path)
     case = dict(CASE, rollout=dict(_rollout_case(tok), gguf=str(smollm2_gguf_path)))
     (tmp_path / "case.json").write_text(json.dumps(case))
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if not f.startswith("--xla_force_host_platform_device_count"))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    port = _free_port()
-    _wait([subprocess.Popen([sys.executable, str(WORKER), str(i), str(port), str(tiny_checkpoint), str(tmp_path)],
-                            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)], timeout=300)
+    run_two(WORKER, tiny_checkpoint, tmp_path, timeout=300)
 
     for p in range(2):
         got = json.loads((tmp_path / f"result{p}.json").read_text())

@@ -7,52 +7,18 @@ saved after step 2 must equal the 1-process run's after its 2 steps.
 """
 
 import json
-import os
 import pathlib
-import socket
-import subprocess
-import sys
-import time
 
 import jax
 import numpy as np
+from worker_processes import free_port, start_worker, wait_all
 
 WORKER = pathlib.Path(__file__).with_name("multihost_size_worker.py")
-REPO = pathlib.Path(__file__).resolve().parents[2]
 LONG_RUN = 40  # steps the 2-process run would take without the SIGTERM
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(process_id: int, num_processes: int, port: int, work_dir, total_steps: int, sigterm_at: int):
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if not f.startswith("--xla_force_host_platform_device_count"))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    args = [sys.executable, str(WORKER), str(process_id), str(num_processes), str(port), str(work_dir),
-            str(total_steps), str(sigterm_at)]
-    return subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _wait(procs, timeout: float) -> list[str]:
-    deadline = time.monotonic() + timeout
-    try:
-        while any(p.poll() is None for p in procs):
-            if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
-                break  # one failed (its partner would wait for it forever) or too slow
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    logs = [p.communicate()[0] for p in procs]
-    for i, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"worker {i} exited with {p.returncode}:\n{log[-4000:]}"
-    return logs
+    return start_worker(WORKER, process_id, num_processes, port, work_dir, total_steps, sigterm_at)
 
 
 def _params_at(work_dir: pathlib.Path, step: int):
@@ -69,9 +35,9 @@ def _params_at(work_dir: pathlib.Path, step: int):
 
 def test_two_processes_train_like_one_and_stop_together(tmp_path):
     single, pair = tmp_path / "one_process", tmp_path / "two_processes"
-    port = _free_port()
-    _wait([_start(i, 2, port, pair, LONG_RUN, 2) for i in range(2)], timeout=600)
-    _wait([_start(0, 1, 0, single, 2, 0)], timeout=600)
+    port = free_port()
+    wait_all([_start(i, 2, port, pair, LONG_RUN, 2) for i in range(2)], timeout=600)
+    wait_all([_start(0, 1, 0, single, 2, 0)], timeout=600)
 
     workers = [json.loads((pair / f"worker{i}.json").read_text()) for i in range(2)]
     assert [(w["process_count"], w["device_count"]) for w in workers] == [(2, 4), (2, 4)]

@@ -7,13 +7,8 @@ tokenizer.json + tokenizer_config.json with `chat_template`, generation_config.j
 and transformers, which vLLM uses for config and tokenizer, loads the directory."""
 
 import json
-import os
 import pathlib
 import shutil
-import socket
-import subprocess
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +18,8 @@ from trainer_fakes import tiny_model_config
 
 from searchjax.models import Transformer, init_params, positions_from_mask, save_pretrained
 from searchjax.rl import checkpoint
+from worker_processes import run_two
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 WORKER = pathlib.Path(__file__).with_name("export_worker.py")
 PARITY_ATOL = 1e-4  # float32 logits against transformers (tests/models/test_model_parity.py)
 MESSAGES = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Who wrote Hamlet?"}]
@@ -117,12 +112,6 @@ def test_gguf_tokenizer_export_loads_in_transformers(tmp_path):
     assert AutoTokenizer.from_pretrained(tmp_path).chat_template == ours.hf.chat_template
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_process_export_gathers_the_sharded_weights(policy, task_tokenizer, tmp_path):
     model, params, _ = policy
     tokenizer_dir, _ = task_tokenizer
@@ -132,27 +121,7 @@ def test_two_process_export_gathers_the_sharded_weights(policy, task_tokenizer, 
         shutil.copy(f, source / f.name)
     export, results = tmp_path / "export", tmp_path / "results"
     results.mkdir()
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
-                                if not f.startswith("--xla_force_host_platform_device_count"))
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(i), str(port), str(source), str(export), str(results)],
-                              env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-    deadline = time.monotonic() + 300
-    try:
-        while any(p.poll() is None for p in procs):
-            if any(p.poll() not in (None, 0) for p in procs) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    logs = [p.communicate()[0] for p in procs]
-    for i, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"worker {i} exited with {p.returncode}:\n{log[-4000:]}"
+    run_two(WORKER, source, export, results, timeout=300)
 
     for i in range(2):
         info = json.loads((results / f"process{i}.json").read_text())
