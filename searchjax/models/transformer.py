@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax.core import FrozenDict
 
-from searchjax.models.kernels import grouped_attention, swiglu
+from searchjax.models.kernels import grouped_attention, matmul, swiglu
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -198,14 +198,13 @@ class Projection(nn.Module):
     bias_axes: Optional[tuple] = None
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
-    out_dtype: Any = None  # accumulation/output dtype of the einsum (None: the compute dtype)
+    out_dtype: Any = None  # output dtype (None: the compute dtype); the product always accumulates in float32
 
     @nn.compact
     def __call__(self, x):
         kernel = self.param("kernel", _init(nn.initializers.normal(0.02), self.kernel_axes), self.kernel_shape,
                             self.param_dtype)
-        y = jnp.einsum(self.equation, x.astype(self.dtype), kernel.astype(self.dtype),
-                       preferred_element_type=self.out_dtype)
+        y = matmul(self.equation, x.astype(self.dtype), kernel.astype(self.dtype), self.out_dtype)
         if self.bias_shape is not None:
             bias = self.param("bias", _init(nn.initializers.zeros, self.bias_axes), self.bias_shape, self.param_dtype)
             y = y + bias.astype(self.dtype)
