@@ -19,6 +19,8 @@ FLAGS = flags.DEFINE_list("only", ["scoring"], "Suites to run (comma separated).
 OUT_DIR = flags.DEFINE_string("out_dir", "bench_results", "Where <suite>.json files go.")
 QUICK = flags.DEFINE_bool("quick", False, "Small shapes: a smoke run of the harness.")
 ITERS = flags.DEFINE_integer("iters", 5, "Timed iterations per figure (median reported).")
+DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "auto"],
+                          "Compute dtype of both sides (auto: searchjax.runtime.host_compute_dtype()).")
 
 # Suite name -> module. Listed explicitly so `--only` can name exactly what exists.
 SUITES = {
@@ -27,6 +29,7 @@ SUITES = {
     "retrieval": "searchjax.bench.retrieval",
     "train": "searchjax.bench.train",
     "drfree": "searchjax.bench.drfree",
+    "decode_window": "searchjax.bench.decode_window",
 }
 
 
@@ -38,7 +41,8 @@ def main(argv):
     unknown = [name for name in FLAGS.value if name not in SUITES]
     if unknown:
         raise app.UsageError(f"unknown suite(s) {unknown}; valid: {sorted(SUITES)}")
-    args = BenchArgs(iters=ITERS.value, quick=QUICK.value, out_dir=OUT_DIR.value)
+    dtype = runtime.host_compute_dtype() if DTYPE.value == "auto" else DTYPE.value
+    args = BenchArgs(iters=ITERS.value, quick=QUICK.value, out_dir=OUT_DIR.value, dtype=dtype)
     out = pathlib.Path(OUT_DIR.value)
     out.mkdir(parents=True, exist_ok=True)
     for name in FLAGS.value:

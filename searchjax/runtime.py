@@ -47,6 +47,43 @@ def skip_absent_tpu() -> bool:
     return True
 
 
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset:
+    """The feature flags of this host's CPU (Linux /proc/cpuinfo; empty elsewhere)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def host_compute_dtype(backend: str | None = None, flags: frozenset | None = None) -> str:
+    """The compute dtype that is fast where this process runs: "bfloat16" or "float32".
+
+    bfloat16 on TPU and GPU, and on a CPU with a bf16 matrix unit (AMX-BF16 or AVX-512 BF16), where XLA's
+    bf16 GEMM with float32 accumulation runs about 5x its float32 GEMM (measured 1.04 vs 0.21 TFLOP/s for a
+    2048^3 product on a 2-core Xeon); float32 on other CPUs (AVX2-only hosts emulate bf16, and it is slower
+    than float32 there). backend / flags default to JAX's default backend and /proc/cpuinfo.
+    """
+    if backend is None:
+        import jax
+        backend = jax.default_backend()
+    if backend in ("tpu", "gpu", "cuda", "rocm"):
+        return "bfloat16"
+    flags = cpu_flags() if flags is None else flags
+    return "bfloat16" if any(flag in flags for flag in BF16_CPU_FLAGS) else "float32"
+
+
+def resolve_dtype(name: str) -> str:
+    """A config's dtype field with "auto" replaced by `host_compute_dtype()`; other names unchanged."""
+    return host_compute_dtype() if name == "auto" else name
+
+
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
 
 

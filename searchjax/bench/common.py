@@ -24,6 +24,7 @@ class BenchArgs:
     iters: int = 5           # timed calls; the median is reported
     quick: bool = False      # smaller shapes, for a smoke run of the harness itself
     out_dir: str = "bench_results"
+    dtype: str = "float32"   # compute dtype of both sides: "float32", "bfloat16", or "auto" (the host's choice)
 
 
 def block(x: Any) -> Any:

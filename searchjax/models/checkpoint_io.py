@@ -371,12 +371,16 @@ def load_pretrained(path, *, dtype: str = "float32", param_dtype: Optional[str] 
                     progress: bool = False):
     """(Transformer, params) from an HF directory (config.json + safetensors, sharded index ok) or a .gguf file.
 
-    dtype: compute dtype; param_dtype: storage dtype (default: dtype). With `mesh`, parameters are created sharded
+    dtype: compute dtype, or "auto" for the host's fast one (`searchjax.runtime.host_compute_dtype`: bfloat16 on
+    TPU, GPU and CPUs with a bf16 matrix unit, else float32); param_dtype: storage dtype (default: dtype, "auto"
+    likewise). With `mesh`, parameters are created sharded
     by `searchjax.models.param_shardings(config, mesh, rules)`, each shard read from its own file slice.
     progress: a tqdm bar while the weights are read.
     """
+    from searchjax.runtime import resolve_dtype
     path = Path(path)
-    param_dtype = param_dtype or dtype
+    dtype = resolve_dtype(dtype)
+    param_dtype = resolve_dtype(param_dtype or dtype)
     if path.is_file() and path.suffix == ".gguf":
         from searchjax.models import gguf_io
         config, source = gguf_io.read_gguf(path, dtype=dtype, param_dtype=param_dtype)
