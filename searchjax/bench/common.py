@@ -104,6 +104,105 @@ def torch_environ() -> dict:
     return environ | ({"GLIBC_TUNABLES": ":".join(tunables)} if tunables else {})
 
 
+def summary(seconds: list[float]) -> dict[str, float]:
+    """{"median_s", "min_s", "max_s", "n"} of a list of timings (the figure we quote is the median)."""
+    return {"median_s": statistics.median(seconds), "min_s": min(seconds), "max_s": max(seconds),
+            "n": len(seconds)}
+
+
+def _side_worker(setup, args, connection) -> None:
+    """A benchmark side's process: `setup(*args)` -> (run, info); send info; then run() per "run" message,
+    sending back its seconds, until "stop". Exceptions go back to the parent as text."""
+    import traceback
+    try:
+        run, info = setup(*args)
+        connection.send(("ready", info))
+        while connection.recv() == "run":
+            connection.send(("ok", float(run())))
+    except BaseException:  # noqa: BLE001 - the parent reports it with the side's name
+        connection.send(("error", traceback.format_exc()))
+    finally:
+        connection.close()
+
+
+def alternate(sides: dict, rounds: int, warmup: int = 1) -> dict[str, dict]:
+    """Time several implementations fairly: each in its own fresh process, warmed, then called in turn.
+
+    sides: {name: (setup, args, environ)}, setup a module-level function; in a spawned process started with
+    `environ` (None: this process's environment), setup(*args) loads its side and returns (run, info): run()
+    does one timed unit and returns its seconds (so a side can leave out what it should not be charged for,
+    e.g. prefill), info is any picklable dict (e.g. its first result, for an agreement check). Every side is
+    started and set up before any timing (one side's load never overlaps another's run), then each side runs
+    `warmup` untimed calls, then `rounds` rounds in which every side runs once, one at a time, so drift in the
+    machine's load hits all sides alike. Returns {name: summary(seconds) | {"info": info, "seconds": [...]}}.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    workers = {}
+    saved = dict(os.environ)
+    try:
+        for name, (setup, args, environ) in sides.items():
+            parent, child = ctx.Pipe()
+            if environ is not None:  # a spawned child inherits os.environ at start()
+                os.environ.clear()
+                os.environ.update(environ)
+            process = ctx.Process(target=_side_worker, args=(setup, tuple(args), child), daemon=True)
+            process.start()
+            os.environ.clear()
+            os.environ.update(saved)
+            child.close()
+            workers[name] = (process, parent, _receive(name, parent, process))  # set up one side at a time
+        seconds = {name: [] for name in sides}
+        for round_ in range(warmup + rounds):
+            for name, (process, parent, _) in workers.items():
+                parent.send("run")
+                elapsed = _receive(name, parent, process)
+                if round_ >= warmup:
+                    seconds[name].append(elapsed)
+        return {name: summary(seconds[name]) | {"info": info, "seconds": seconds[name]}
+                for name, (_, _, info) in workers.items()}
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        for process, parent, *_ in workers.values():
+            try:
+                parent.send("stop")
+            except OSError:
+                pass
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+
+
+def _receive(name: str, connection, process):
+    """The next message of a side's worker; its error (with the worker's traceback) or death raises here."""
+    while not connection.poll(5):
+        if not process.is_alive():
+            raise RuntimeError(f"benchmark side {name!r} died with exit code {process.exitcode} (out of memory?)")
+    try:
+        status, value = connection.recv()
+    except EOFError:
+        process.join(timeout=5)
+        raise RuntimeError(f"benchmark side {name!r} died with exit code {process.exitcode}") from None
+    if status == "error":
+        raise RuntimeError(f"benchmark side {name!r} failed:\n{value}")
+    return value
+
+
+def ours_environ() -> dict:
+    """os.environ with `runtime.HUGE_PAGES_TUNABLE` in GLIBC_TUNABLES: our side's best setting (see
+    `runtime.use_transparent_huge_pages`), set at process start as the launch scripts do."""
+    from searchjax.runtime import HUGE_PAGES_TUNABLE
+    tunables = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t and t != HUGE_PAGES_TUNABLE]
+    return dict(os.environ) | {"GLIBC_TUNABLES": ":".join(tunables + [HUGE_PAGES_TUNABLE])}
+
+
+def set_torch_threads() -> int:
+    """torch's intra-op threads = this host's cores (its best setting here); returns the count."""
+    import torch
+    torch.set_num_threads(os.cpu_count() or 1)
+    return torch.get_num_threads()
+
+
 def in_fresh_process(fn, *args, environ: dict | None = None) -> dict:
     """Run fn(*args, queue) in a spawned process (its own peak memory, no JAX/torch cross-talk), started
     with `environ` (default: this process's environment)."""

@@ -52,65 +52,57 @@ def _prompts(batch: int, vocab: int, seed: int = 0) -> list:
     return rng.integers(100, vocab, size=(batch, PROMPT_LEN)).tolist()
 
 
-def _ours_decode_seconds(model, params, prompts, new_tokens: int, iters: int,
-                         cache_len: int = 0) -> tuple[float, float]:
-    """(compile+first seconds, median decode seconds) for `new_tokens` greedy tokens, prefill excluded.
-    cache_len: the session's max_cache_len (default: just enough)."""
+def _ours_decode_seconds(model, params, prompts, new_tokens: int, cache_len: int = 0) -> float:
+    """Seconds of `new_tokens` greedy tokens, prefill excluded. cache_len: the session's max_cache_len
+    (default: just enough)."""
     from searchjax import generation
     cache_len = max(cache_len, PROMPT_LEN + new_tokens)
-
-    def once():
-        session = generation.start(model, params, prompts, max_cache_len=cache_len, eos_token_ids=())
-        jax.block_until_ready(session.state)
-        start = time.perf_counter()
-        _, results = generation.decode(session, new_tokens)
-        elapsed = time.perf_counter() - start
-        assert all(len(r.token_ids) == new_tokens for r in results)
-        return elapsed
-
-    first = once()
-    return first, statistics.median(once() for _ in range(iters))
+    session = generation.start(model, params, prompts, max_cache_len=cache_len, eos_token_ids=())
+    jax.block_until_ready(session.state)
+    start = time.perf_counter()
+    _, results = generation.decode(session, new_tokens)
+    elapsed = time.perf_counter() - start
+    assert all(len(r.token_ids) == new_tokens for r in results)
+    return elapsed
 
 
-def _transformers_side(batches, new_tokens: int, iters: int, queue) -> None:
-    """In a fresh process (`common.in_fresh_process`, torch's own malloc settings): SmolLM2 with the same
-    weights in transformers, {batch: `_transformers_decode_seconds`} on the same prompts as ours."""
+def _ours_side(dtype: str, batch: int, new_tokens: int):
+    """`common.alternate` side: our greedy decode of `new_tokens` tokens for `batch` rows."""
+    from searchjax.data import assets
+    from searchjax.models import load_pretrained
+    model, params = load_pretrained(assets.smollm2_gguf(), dtype=dtype)
+    prompts = _prompts(batch, model.config.vocab_size)
+    _ours_decode_seconds(model, params, prompts, new_tokens)  # compiles
+    return (lambda: _ours_decode_seconds(model, params, prompts, new_tokens)), {}
+
+
+def _transformers_side(dtype: str, batch: int, new_tokens: int):
+    """`common.alternate` side: transformers `generate` (greedy, its KV cache) on the same weights and prompts;
+    one timed unit = t(new_tokens) - t(1 token), i.e. prefill excluded as on our side."""
     import torch
     import transformers
     from searchjax.data import assets
     from searchjax.models import load_pretrained, save_pretrained
+    threads = common.set_torch_threads()
     with tempfile.TemporaryDirectory(prefix="bench-generation-") as directory:
         model, params = load_pretrained(assets.smollm2_gguf(), dtype="float32")
         save_pretrained(model, params, directory)
         vocab = model.config.vocab_size
         del params
-        hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    queue.put({batch: _transformers_decode_seconds(hf, _prompts(batch, vocab), new_tokens, iters)
-               for batch in batches})
-
-
-def _transformers_decode_seconds(hf, prompts, new_tokens: int, iters: int) -> float:
-    """Median seconds of generate(new_tokens) minus generate(1 token), per the same prompts."""
-    import torch
-    ids = torch.tensor(prompts)
+        hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype)).eval()
+    ids = torch.tensor(_prompts(batch, vocab))
     mask = torch.ones_like(ids)
 
-    def run(n):
-        with torch.no_grad():
+    def generate(n):
+        start = time.perf_counter()
+        with torch.inference_mode():
             out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
                               temperature=None, top_p=None, top_k=None, pad_token_id=0)
         assert out.shape[1] == ids.shape[1] + n
+        return time.perf_counter() - start
 
-    run(1)  # warm-up (allocator, first-call paths); torch eager has nothing to compile
-    differences = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        run(new_tokens)
-        full = time.perf_counter() - start
-        start = time.perf_counter()
-        run(1)
-        differences.append(full - (time.perf_counter() - start))
-    return max(statistics.median(differences), 1e-9)
+    generate(1)
+    return (lambda: max(generate(new_tokens) - generate(1), 1e-9)), {"threads": threads}
 
 
 def _rollout_seconds(model, params, batch: int, turns: int, decode_tokens: int, block: int, iters: int):
@@ -147,24 +139,24 @@ def _matmul_only_step_seconds(model, params, batch: int, iters: int) -> float:
     (no attention over the cache, norms, RoPE or sampling). XLA's own ceiling for a decode step on this CPU."""
     import jax.numpy as jnp
     from searchjax.models import lm_head_weight
+    from searchjax.models.kernels import matmul
     config = model.config
 
     def layer(x, p):
         attn, mlp = p["attn"], p["mlp"]
-        q = jnp.einsum("bh,hnd->bnd", x, attn["q_proj"]["kernel"])
-        kv = (jnp.einsum("bh,hnd->bnd", x, attn["k_proj"]["kernel"]).sum()
-              + jnp.einsum("bh,hnd->bnd", x, attn["v_proj"]["kernel"]).sum())
-        x = jnp.einsum("bnd,ndh->bh", q, attn["o_proj"]["kernel"]) + kv
-        gated = jnp.einsum("bh,hf->bf", x, mlp["gate_proj"]["kernel"]) * jnp.einsum("bh,hf->bf", x,
-                                                                                   mlp["up_proj"]["kernel"])
-        return jnp.einsum("bf,fh->bh", gated, mlp["down_proj"]["kernel"]) * 1e-3, None
+        q = matmul("bh,hnd->bnd", x, attn["q_proj"]["kernel"])
+        kv = (matmul("bh,hnd->bnd", x, attn["k_proj"]["kernel"]).sum()
+              + matmul("bh,hnd->bnd", x, attn["v_proj"]["kernel"]).sum())
+        x = matmul("bnd,ndh->bh", q, attn["o_proj"]["kernel"]) + kv
+        gated = matmul("bh,hf->bf", x, mlp["gate_proj"]["kernel"]) * matmul("bh,hf->bf", x, mlp["up_proj"]["kernel"])
+        return matmul("bf,fh->bh", gated, mlp["down_proj"]["kernel"]) * 1e-3, None
 
     @jax.jit
     def step(params, x):
         x, _ = jax.lax.scan(layer, x, params["layers"])
-        return jnp.einsum("bh,hv->bv", x, lm_head_weight(params, config))
+        return matmul("bh,hv->bv", x, lm_head_weight(params, config), jnp.float32)
 
-    x = jnp.full((batch, config.hidden_size), 1e-2, jnp.float32)
+    x = jnp.full((batch, config.hidden_size), 1e-2, config.compute_dtype)
     _, median = _median_time(lambda: jax.block_until_ready(step(params, x)), max(iters, 10))
     return median
 
@@ -172,42 +164,44 @@ def _matmul_only_step_seconds(model, params, batch: int, iters: int) -> float:
 def run(args: common.BenchArgs) -> list[dict]:
     from searchjax.data import assets
     from searchjax.models import load_pretrained
-    model, params = load_pretrained(assets.smollm2_gguf(), dtype="float32")
+    model, params = load_pretrained(assets.smollm2_gguf(), dtype=args.dtype)
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
     bandwidth = common.memory_bandwidth()
     # --quick is a smoke run of this file (a minute or two on a busy machine), not a measurement.
     new_tokens = 8 if args.quick else 64
     batches = (1, 8) if args.quick else (1, 8, 32)
     iters = 1 if args.quick else max(1, min(args.iters, 3))
-    reference_iters = 1 if args.quick else max(1, min(args.iters, 2))  # transformers at b=32: minutes per call
-    references = common.in_fresh_process(_transformers_side, batches, new_tokens, reference_iters,
-                                          environ=common.torch_environ())
     rows = []
     for batch in batches:
-        prompts = _prompts(batch, model.config.vocab_size)
-        first, ours = _ours_decode_seconds(model, params, prompts, new_tokens, iters)
-        reference = references[batch]
-        ours_tok_s = batch * new_tokens / ours
-        ref_tok_s = batch * (new_tokens - 1) / reference
+        timed = common.alternate({
+            "ours": (_ours_side, (args.dtype, batch, new_tokens), common.ours_environ()),
+            "transformers": (_transformers_side, (args.dtype, batch, new_tokens), common.torch_environ()),
+        }, rounds=iters, warmup=args.warmup)
+        ours, reference = timed["ours"], timed["transformers"]
+        ours_tok_s = batch * new_tokens / ours["median_s"]
+        ref_tok_s = batch * (new_tokens - 1) / reference["median_s"]
         bound_steps = bandwidth / weight_bytes
         matmul_step = _matmul_only_step_seconds(model, params, batch, iters)
-        rows.append({"case": f"decode b={batch}", "batch": batch, "new_tokens": new_tokens,
-                     "ours_tok_s": ours_tok_s, "transformers_tok_s": ref_tok_s, "speedup": ours_tok_s / ref_tok_s,
+        rows.append({"case": f"decode b={batch}", "dtype": args.dtype, "batch": batch, "new_tokens": new_tokens,
+                     "ours_tok_s": ours_tok_s, "ours_s": f"{ours['median_s']:.3g} ({ours['min_s']:.3g}-{ours['max_s']:.3g})",
+                     "transformers_tok_s": ref_tok_s,
+                     "transformers_s": f"{reference['median_s']:.3g} ({reference['min_s']:.3g}-{reference['max_s']:.3g})",
+                     "speedup": ours_tok_s / ref_tok_s,
                      "bound_tok_s": batch * bound_steps, "bound_fraction": (ours_tok_s / batch) / bound_steps,
                      "matmul_only_bound_fraction": (1 / matmul_step) / bound_steps,
-                     "vs_matmul_only": matmul_step * ours_tok_s / batch,
-                     "compile_s": max(first - ours, 0.0), "weight_mb": weight_bytes / 1e6,
-                     "bandwidth_gb_s": bandwidth / 1e9})
+                     "vs_matmul_only": matmul_step * ours_tok_s / batch, "weight_mb": weight_bytes / 1e6,
+                     "bandwidth_gb_s": bandwidth / 1e9, "torch_threads": reference["info"]["threads"]})
     # A rollout-sized cache (most of it still empty): the step attends over the filled window only, so this
     # should match the row above rather than scale with max_cache_len.
     prompts = _prompts(8, model.config.vocab_size)
-    first, ours = _ours_decode_seconds(model, params, prompts, new_tokens, iters, cache_len=ROLLOUT_CACHE_LEN)
-    rows.append({"case": f"decode b=8 max_cache_len={ROLLOUT_CACHE_LEN}", "batch": 8, "new_tokens": new_tokens,
-                 "ours_tok_s": 8 * new_tokens / ours, "bound_tok_s": 8 * bandwidth / weight_bytes,
-                 "bound_fraction": (new_tokens / ours) / (bandwidth / weight_bytes),
-                 "compile_s": max(first - ours, 0.0)})
+    _ours_decode_seconds(model, params, prompts, new_tokens, cache_len=ROLLOUT_CACHE_LEN)
+    ours = statistics.median(_ours_decode_seconds(model, params, prompts, new_tokens, cache_len=ROLLOUT_CACHE_LEN)
+                             for _ in range(iters))
+    rows.append({"case": f"decode b=8 max_cache_len={ROLLOUT_CACHE_LEN}", "dtype": args.dtype, "batch": 8,
+                 "new_tokens": new_tokens, "ours_tok_s": 8 * new_tokens / ours, "bound_tok_s": 8 * bandwidth / weight_bytes,
+                 "bound_fraction": (new_tokens / ours) / (bandwidth / weight_bytes)})
     turns, decode_tokens, block = 3, (8 if args.quick else 32), (16 if args.quick else 96)
     cont, re = _rollout_seconds(model, params, 8, turns, decode_tokens, block, iters)
-    rows.append({"case": f"rollout b=8 {turns} turns", "batch": 8, "new_tokens": turns * decode_tokens,
-                 "continuation_s": cont, "reprefill_s": re, "speedup": re / cont})
+    rows.append({"case": f"rollout b=8 {turns} turns", "dtype": args.dtype, "batch": 8,
+                 "new_tokens": turns * decode_tokens, "continuation_s": cont, "reprefill_s": re, "speedup": re / cont})
     return rows

@@ -1,139 +1,172 @@
 """Benchmark: teacher-forced scoring throughput, token_logprobs vs transformers (torch eager), same CPU.
 
-    python -m launch.benchmark --only=scoring
+    python -m launch.benchmark --only=scoring                    # float32
+    python -m launch.benchmark --only=scoring --dtype=bfloat16   # both sides in bf16 (auto: the host's choice)
 
-SmolLM2-135M-Instruct loaded from its GGUF by both sides (identical float32 weights), batch 8 x 256
-tokens (quick: 2 x 64), float32. Figures, measured in one process, interleaved call by call so that
-load from other processes on the machine hits both sides alike:
-  * tokens/s (B*T / median seconds per call) and achieved FLOP/s of each implementation;
-  * FLOPs per call = 2 * (matmul parameters) * tokens + attention, where matmul parameters are the
-    30 layers' projections plus the [H, V] LM head (the embedding lookup is not a matmul), and
-    attention = 4 * B * T^2 * heads * head_dim per layer (QK^T and PV, full T x T as both compute it);
-  * the measured float32 matmul peak (`matmul_peak_flops`, a jitted 2048^3 jnp.dot, also re-timed in
-    every round) and each implementation's share of it, best call against best call (`pct_of_peak`);
-    compile time apart from steady state (XLA compile of the scorer, persistent cache bypassed);
-  * the same share from process CPU time (`pct_of_peak_cpu_time`: FLOPs x cores / CPU seconds, for
-    both the scorer and the matmul): on a machine shared with other jobs, wall time measures the
-    neighbours as much as the code, while CPU time still measures the work.
-The goal (issue 3): >= 85 % of that peak, about 1.3x torch.
+SmolLM2-135M-Instruct loaded from its GGUF by both sides (identical weights), batch 8 x 256 tokens (quick:
+2 x 64), in the compute dtype of --dtype. Each side runs in its own fresh process with its own best settings
+(`common.alternate`): ours with glibc's huge-page malloc (what the launch scripts use), torch with its default
+allocator, intra-op threads = cores and `torch.inference_mode`; a third process times XLA's own GEMM. Every
+side is warmed, then the three run one call at a time, round after round, so load from elsewhere hits them
+alike. Figures:
+  * median (min-max) seconds per call and tokens/s of each side; `speedup_vs_torch` = torch median / ours;
+  * achieved FLOP/s, each side charged for what it computes (`scoring_flops`): 2 x matmul parameters x
+    tokens, plus attention 4 B T^2 N D per layer times the share of the T x T logits it computes: ours skips
+    the blocks above the diagonal (`transformer.causal_blocks`: (b + 1) / 2b of them for b query blocks),
+    torch's causal SDPA is charged the lower triangle (T + 1) / 2T, the least any causal kernel computes;
+  * `pct_of_gemm_peak`: that FLOP/s over XLA's own GEMM in the same dtype (a jitted 2048^3 product with
+    float32 accumulation, best call), the practical ceiling of this host for our side;
+  * XLA compile time of our scorer (persistent cache bypassed), apart from steady state; `max_abs_diff` of
+    the two sides' log-probs (both against the same tokens).
+Goals (issue #23): >= 1x torch in float32 on any host and in bfloat16 where the CPU has a bf16 matrix unit.
 """
 
 from __future__ import annotations
 
 import os
-import statistics
 import time
 
 import numpy as np
 
-from searchjax.bench.common import BenchArgs, block, matmul_peak_flops
+from searchjax.bench import common
+
+GEMM_N = 2048
 
 
-def scoring_flops(config, batch: int, length: int) -> float:
-    """Matmul FLOPs of one teacher-forced pass: 2 * params * tokens + attention (formula in the module doc)."""
+def attention_share_causal_blocks(length: int) -> float:
+    """Share of the T x T attention logits our causal-blocked attention computes: (b + 1) / 2b for b blocks."""
+    from searchjax.models.transformer import causal_blocks
+    blocks = causal_blocks(length)
+    return (blocks + 1) / (2 * blocks)
+
+
+def attention_share_lower_triangle(length: int) -> float:
+    """The lower triangle with its diagonal: (T + 1) / 2T of the T x T logits."""
+    return (length + 1) / (2 * length)
+
+
+def scoring_flops(config, batch: int, length: int, attention_share: float = 1.0) -> float:
+    """Matmul FLOPs of one teacher-forced pass: 2 x matmul parameters x tokens + the attention computed.
+
+    Matmul parameters: every layer's q/k/v/o projections and SwiGLU kernels plus the [H, V] LM head (the
+    embedding lookup is not a matmul). Attention: QK^T and PV, 2 x 2 x B x T^2 x N x D per layer, times the
+    share of the T x T logits the implementation computes.
+    """
     H, F, N, K, D = (config.hidden_size, config.intermediate_size, config.num_heads, config.num_kv_heads,
                      config.head_dim)
     per_layer = H * N * D + 2 * H * K * D + N * D * H + 3 * H * F
     params = config.num_layers * per_layer + H * config.vocab_size
-    attention = config.num_layers * 4 * batch * length * length * N * D
+    attention = config.num_layers * 4 * batch * length * length * N * D * attention_share
     return 2.0 * params * batch * length + attention
 
 
-def _interleaved(fns: dict, iters: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Run each fn once per round, `iters` rounds: (wall seconds, process CPU seconds) per call, per name."""
-    wall = {name: [] for name in fns}
-    cpu = {name: [] for name in fns}
-    for _ in range(iters):
-        for name, fn in fns.items():
-            start, start_cpu = time.perf_counter(), time.process_time()
-            block(fn())
-            wall[name].append(time.perf_counter() - start)
-            cpu[name].append(time.process_time() - start_cpu)
-    return wall, cpu
+def _inputs(vocab: int, batch: int, length: int) -> np.ndarray:
+    return np.random.default_rng(0).integers(0, vocab, (batch, length)).astype(np.int32)
 
 
 def _uncached_compile_seconds(model, params, ids, mask) -> float:
-    """XLA compile time of the scorer for this shape, with the persistent compilation cache bypassed
-    (launch/benchmark.py enables it, and a cache hit would report a load, not a compile)."""
+    """XLA compile time of the scorer for this shape, with the persistent compilation cache bypassed."""
     import jax
     import jax.numpy as jnp
     from searchjax import scoring
     length = scoring.pow2_bucket(ids.shape[1], scoring.MIN_LENGTH_BUCKET)
     lowered = scoring._jitted_tail_logprobs(None).lower(model, params, jnp.asarray(ids), jnp.asarray(mask),
-                                                        jnp.float32(1.0), tail=length - 1,
-                                                        vocab_chunk=None)
-    from jax.experimental.compilation_cache import compilation_cache
-    enabled = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    compilation_cache.reset_cache()  # JAX decides once per process whether the cache is used; decide again
-    try:
-        start = time.perf_counter()
-        # An explicit (default-valued) option gives a fresh in-memory cache key: a real XLA compile.
-        lowered.compile({"xla_cpu_enable_fast_math": False})
-        return time.perf_counter() - start
-    finally:
-        jax.config.update("jax_enable_compilation_cache", enabled)
-        compilation_cache.reset_cache()
+                                                        jnp.float32(1.0), tail=length - 1, vocab_chunk=None)
+    start = time.perf_counter()
+    # An explicit (default-valued) option gives a fresh in-memory cache key: a real XLA compile.
+    lowered.compile({"xla_cpu_enable_fast_math": False})
+    return time.perf_counter() - start
 
 
-def run(args: BenchArgs) -> list[dict]:
+def _ours_side(dtype: str, batch: int, length: int):
     import jax
-    import jax.numpy as jnp
-    import torch
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM
-
     from searchjax.data import assets
     from searchjax.models import load_pretrained
     from searchjax.scoring import token_logprobs
-
-    path = assets.smollm2_gguf()
-    batch, length = (2, 64) if args.quick else (8, 256)
-    model, params = load_pretrained(path, dtype="float32")
-    reference = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-    reference.eval()
-    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (batch, length)).astype(np.int32)
+    model, params = load_pretrained(assets.smollm2_gguf(), dtype=dtype)
+    ids = _inputs(model.config.vocab_size, batch, length)
     mask = np.ones_like(ids, bool)
-    ids_t = torch.from_numpy(ids.astype(np.int64))
-    square = jnp.asarray(np.random.default_rng(1).standard_normal((2048, 2048)), jnp.float32)
-    dot = jax.jit(jnp.dot)
-
-    def ours():
-        return token_logprobs(model, params, ids, mask)
-
-    def theirs():
-        with torch.inference_mode():
-            logits = reference(input_ids=ids_t).logits
-            return torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids_t[:, 1:, None])[..., 0]
-
     compile_s = _uncached_compile_seconds(model, params, ids, mask)
-    first = np.asarray(block(ours()))
-    agreement = float(np.abs(first - theirs().numpy()).max())
-    for _ in range(args.warmup):
-        block(ours()), theirs(), block(dot(square, square))
-    peak = matmul_peak_flops()
-    wall, cpu = _interleaved({"ours": ours, "torch": theirs, "peak": lambda: dot(square, square)}, args.iters)
-    dot_flops = 2.0 * 2048 ** 3
-    peak = max(peak, dot_flops / min(wall["peak"]))
-    cores = os.cpu_count() or 1
-    peak_cpu = cores * dot_flops / min(cpu["peak"])
-    flops = scoring_flops(model.config, batch, length)
+    first = np.asarray(token_logprobs(model, params, ids, mask))
+
+    def run():
+        start = time.perf_counter()
+        jax.block_until_ready(token_logprobs(model, params, ids, mask))
+        return time.perf_counter() - start
+
+    return run, {"logprobs": first, "compile_s": compile_s, "config": model.config}
+
+
+def _torch_side(dtype: str, batch: int, length: int):
+    import torch
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM
+    from searchjax.data import assets
+    threads = common.set_torch_threads()
+    path = assets.smollm2_gguf()
+    reference = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                     dtype=getattr(torch, dtype)).eval()
+    ids = torch.from_numpy(_inputs(reference.config.vocab_size, batch, length).astype(np.int64))
+
+    def score():
+        with torch.inference_mode():
+            logits = reference(input_ids=ids).logits
+            return torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
+
+    first = score().numpy()
+
+    def run():
+        start = time.perf_counter()
+        score()
+        return time.perf_counter() - start
+
+    return run, {"logprobs": first, "threads": threads, "attn_implementation": reference.config._attn_implementation}
+
+
+def _gemm_side(dtype: str):
+    """XLA's GEMM in `dtype` with float32 accumulation (how our model multiplies: `kernels.matmul`)."""
+    import jax
+    import jax.numpy as jnp
+    rng = np.random.default_rng(1)
+    a, b = (jnp.asarray(rng.standard_normal((GEMM_N, GEMM_N)), dtype) for _ in range(2))
+    dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
+    jax.block_until_ready(dot(a, b))
+
+    def run():
+        start = time.perf_counter()
+        jax.block_until_ready(dot(a, b))
+        return time.perf_counter() - start
+
+    return run, {}
+
+
+def run(args: common.BenchArgs) -> list[dict]:
+    batch, length = (2, 64) if args.quick else (8, 256)
+    dtype = args.dtype
+    results = common.alternate({
+        "ours": (_ours_side, (dtype, batch, length), common.ours_environ()),
+        "torch": (_torch_side, (dtype, batch, length), common.torch_environ()),
+        "gemm": (_gemm_side, (dtype,), common.ours_environ()),
+    }, rounds=args.iters, warmup=args.warmup)
+    ours, torch_, gemm = results["ours"], results["torch"], results["gemm"]
+    config = ours["info"]["config"]
+    gemm_peak = 2.0 * GEMM_N ** 3 / gemm["min_s"]
     rows = []
-    for name, label in (("ours", "searchjax token_logprobs (jit)"), ("torch", "transformers eager + log_softmax")):
-        median, best = statistics.median(wall[name]), min(wall[name])
-        rows.append({
-            "impl": label, "batch": batch, "tokens": length, "median_s": median, "min_s": best,
-            "tokens_per_s": batch * length / median, "gflop_per_s": flops / best / 1e9,
-            "pct_of_peak": 100.0 * flops / best / peak,
-            "cpu_s": min(cpu[name]), "pct_of_peak_cpu_time": 100.0 * cores * flops / min(cpu[name]) / peak_cpu,
-            "compile_s": compile_s if name == "ours" else None,
-        })
-    rows.append({"impl": "f32 matmul peak (jit jnp.dot 2048^3)", "min_s": min(wall["peak"]), "gflop_per_s": peak / 1e9,
-                 "pct_of_peak": 100.0, "cpu_s": min(cpu["peak"]), "pct_of_peak_cpu_time": 100.0,
-                 "peak_gflop_per_s_from_cpu_time": peak_cpu / 1e9})
-    rows[0]["speedup_vs_torch"] = rows[1]["median_s"] / rows[0]["median_s"]
-    rows[0]["max_abs_diff_vs_torch"] = agreement
-    rows[0]["gflop_per_call"] = flops / 1e9
+    for name, side, label, share in (
+            ("ours", ours, "searchjax token_logprobs (jit)", attention_share_causal_blocks(length)),
+            ("torch", torch_, "transformers eager + log_softmax", attention_share_lower_triangle(length))):
+        flops = scoring_flops(config, batch, length, share)
+        rows.append({"impl": label, "dtype": dtype, "batch": batch, "tokens": length,
+                     "median_s": side["median_s"], "min_s": side["min_s"], "max_s": side["max_s"],
+                     "tokens_per_s": batch * length / side["median_s"], "gflop_per_call": flops / 1e9,
+                     "gflop_per_s": flops / side["min_s"] / 1e9, "pct_of_gemm_peak": 100.0 * flops / side["min_s"] / gemm_peak})
+    rows.append({"impl": f"XLA GEMM {GEMM_N}^3 ({dtype}, f32 accumulation)", "dtype": dtype,
+                 "median_s": gemm["median_s"], "min_s": gemm["min_s"], "max_s": gemm["max_s"],
+                 "gflop_per_s": gemm_peak / 1e9, "pct_of_gemm_peak": 100.0})
+    rows[0]["speedup_vs_torch"] = torch_["median_s"] / ours["median_s"]
+    rows[0]["max_abs_diff_vs_torch"] = float(np.abs(ours["info"]["logprobs"] - torch_["info"]["logprobs"]).max())
+    rows[0]["compile_s"] = ours["info"]["compile_s"]
+    rows[1]["torch_threads"] = torch_["info"]["threads"]
+    rows[1]["attn_implementation"] = torch_["info"]["attn_implementation"]
     rows[0]["load_avg_1min"] = os.getloadavg()[0]
-    rows[1]["torch_threads"] = torch.get_num_threads()
     return rows

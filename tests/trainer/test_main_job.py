@@ -38,6 +38,7 @@ def job_config(model_dir):
     """configs/main_job.py shrunk; turns and observations longer in tokens, as this tokenizer's are shorter."""
     config = load_config_module("main_job").get_config()
     config.model.path = str(model_dir)
+    config.model.dtype = "float32"  # the job's "auto" is bfloat16 on AMX hosts; the NLL check compares to torch f32
     config.main.demo_questions = DEMO_QUESTIONS
     config.sft.update(steps=SFT_STEPS, batch_size=8, micro_batch_size=8, learning_rate=1e-2)
     config.rollout.update(max_new_tokens_per_turn=64, max_obs_tokens=160, max_cache_len=1024)

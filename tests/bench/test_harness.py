@@ -1,0 +1,63 @@
+"""The benchmark harness's own arithmetic and its fair-timing protocol (searchjax/bench/common.py, scoring.py)."""
+
+import os
+import time
+
+import pytest
+
+from searchjax.bench import common, scoring
+from searchjax.models import presets
+
+
+def _sleeper(seconds: float):
+    """A side whose unit takes `seconds`; info carries its pid and the environment it was started with."""
+    def run():
+        start = time.perf_counter()
+        time.sleep(seconds)
+        return time.perf_counter() - start
+    return run, {"pid": os.getpid(), "marker": os.environ.get("SEARCHJAX_BENCH_MARKER")}
+
+
+def _broken():
+    raise ValueError("cannot load this side")
+
+
+def test_alternate_runs_each_side_in_its_own_process_with_its_environment():
+    marked = dict(os.environ, SEARCHJAX_BENCH_MARKER="torch-side")
+    results = common.alternate({"fast": (_sleeper, (0.01,), None), "slow": (_sleeper, (0.05,), marked)},
+                               rounds=3, warmup=1)
+    fast, slow = results["fast"], results["slow"]
+    assert fast["n"] == slow["n"] == 3 and len(fast["seconds"]) == 3
+    assert 0.01 <= fast["min_s"] <= fast["median_s"] <= fast["max_s"] < 0.05 <= slow["min_s"]
+    assert len({fast["info"]["pid"], slow["info"]["pid"], os.getpid()}) == 3
+    assert fast["info"]["marker"] is None and slow["info"]["marker"] == "torch-side"
+    assert "SEARCHJAX_BENCH_MARKER" not in os.environ  # the parent's environment is restored
+
+
+def test_alternate_reports_a_side_that_fails_by_name():
+    with pytest.raises(RuntimeError, match="(?s)side .broken. failed.*cannot load this side"):
+        common.alternate({"ok": (_sleeper, (0.0,), None), "broken": (_broken, (), None)}, rounds=1)
+
+
+def test_summary_is_the_median_with_its_range():
+    assert common.summary([3.0, 1.0, 2.0, 10.0]) == {"median_s": 2.5, "min_s": 1.0, "max_s": 10.0, "n": 4}
+
+
+def test_scoring_flops_by_hand_for_smollm2():
+    config = presets.get_preset("smollm2-135m")
+    B, T = 8, 256
+    H, F, N, K, D, L, V = 576, 1536, 9, 3, 64, 30, 49152
+    assert (config.hidden_size, config.intermediate_size, config.num_heads, config.num_kv_heads, config.head_dim,
+            config.num_layers, config.vocab_size) == (H, F, N, K, D, L, V)
+    # per layer 576^2 (q) + 2 x 576 x 192 (k, v) + 576^2 (o) + 3 x 576 x 1536 (SwiGLU) = 3,538,944; x 30 layers
+    # + the 576 x 49,152 LM head (tied to the embedding, which as a lookup is not a matmul)
+    matmul_params = 30 * 3_538_944 + 28_311_552
+    assert matmul_params == L * (H * N * D + 2 * H * K * D + N * D * H + 3 * H * F) + H * V == 134_479_872
+    full = 2 * matmul_params * B * T + L * 4 * B * T * T * N * D
+    assert scoring.scoring_flops(config, B, T) == pytest.approx(full)
+    # ours at T = 256 runs 2 causal query blocks: block 0 sees 1 key block, block 1 sees 2 -> 3 of 4 computed
+    assert scoring.attention_share_causal_blocks(256) == pytest.approx(3 / 4)
+    assert scoring.attention_share_causal_blocks(512) == pytest.approx(5 / 8)  # 4 blocks: 10 of 16
+    assert scoring.attention_share_lower_triangle(256) == pytest.approx(257 / 512)
+    attention = L * 4 * B * T * T * N * D
+    assert scoring.scoring_flops(config, B, T, 0.75) == pytest.approx(full - attention / 4)
