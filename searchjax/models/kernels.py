@@ -9,9 +9,13 @@ versions (tests/models/test_transformer_options.py).
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
+
+
+MIN_LOW_PRECISION_ROWS = 4  # the fewest rows XLA:CPU sends to its bf16 GEMM (1 row: converted to f32 instead)
 
 
 def matmul(equation: str, x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Array:
@@ -25,6 +29,17 @@ def matmul(equation: str, x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Arr
     this is the plain einsum.
     """
     out_dtype = x.dtype if out_dtype is None else out_dtype
+    inputs, output = equation.split("->")
+    x_axes, w_axes = inputs.split(",")
+    rows = x.shape[0]
+    if (x.dtype != jnp.float32 and rows < MIN_LOW_PRECISION_ROWS and x_axes[0] not in w_axes
+            and output.startswith(x_axes[0]) and math.prod(x.shape[:len(x_axes) - 1]) < MIN_LOW_PRECISION_ROWS):
+        # A bf16 matrix-vector product (one decode row) is not XLA:CPU's GEMM: it converts the whole weight to
+        # float32 first (hoisted out of the layer loop, every stacked weight, every step). Padding the rows to
+        # MIN_LOW_PRECISION_ROWS keeps it a GEMM that reads the bf16 weight as it is; the extra rows are free in
+        # a product bound by reading the weight.
+        padded = jnp.pad(x, [(0, MIN_LOW_PRECISION_ROWS - rows)] + [(0, 0)] * (x.ndim - 1))
+        return jnp.einsum(equation, padded, w, preferred_element_type=jnp.float32)[:rows].astype(out_dtype)
     return jnp.einsum(equation, x, w, preferred_element_type=jnp.float32).astype(out_dtype)
 
 
