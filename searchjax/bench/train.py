@@ -6,13 +6,15 @@ quickstart GRPO step end to end.
 Rows:
   * update/jax and update/torch: one optimizer step of the Search-R1 policy loss (clipped surrogate with
     ratio clip 0.2 + 0.001 x k3 KL, token-mean over response tokens, log-probs of logits / temperature,
-    global-norm clip 1.0, AdamW lr 1e-6) on SmolLM2-135M (float32) for 8 trajectories x 512 tokens
+    global-norm clip 1.0, AdamW lr 1e-6) on SmolLM2-135M (float32 parameters; --dtype=bfloat16 computes in bf16
+    on both sides: ours through the model's compute dtype, torch through `torch.autocast`) for 8 trajectories x 512 tokens
     (128 prompt + 384 response), gradients accumulated over micro-batches of MICRO_BATCH = 2 trajectories on
     both sides; both sides run the LM head on the response's columns only (JAX: the trainer's `tail`,
     torch: transformers' `logits_to_keep`). tokens/s = trajectories x tokens / median step time; peak_rss_gib is the
-    peak resident memory of a fresh process that ran only that side (so each side's figure is its own).
-    The JAX side inherits the launcher's transparent-huge-page malloc setting
-    (`searchjax.runtime.use_transparent_huge_pages`); the torch side runs without it, its faster setting.
+    peak resident memory of that side's own process after its first step. Each side runs in its own fresh
+    process with its own best settings, warmed, then the two alternate step by step (`common.alternate`): ours
+    with the launchers' transparent-huge-page malloc setting, torch without it (its faster setting), intra-op
+    threads = cores.
     `ratio` on the jax row = jax tokens/s / torch tokens/s (goal >= 1).
   * quickstart_step: configs/quickstart.py (--quick: its "smoke" variant) for 2 steps in a fresh process;
     per step, seconds in rollout, reward, old-logprob recompute (plus the reference's) and update, from the
@@ -24,11 +26,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 
 import numpy as np
 
 from searchjax.bench import common
-from searchjax.bench.common import BenchArgs, timeit
+from searchjax.bench.common import BenchArgs
 
 TEMPERATURE, CLIP, KL_COEF, LR = 1.0, 0.2, 0.001, 1e-6
 MICRO_BATCH = 2  # trajectories per gradient-accumulation chunk, both sides (bounds activation memory)
@@ -50,13 +53,23 @@ def _synthetic_batch(vocab: int, quick: bool, seed: int = 0) -> dict:
             "advantages": rng.standard_normal(rows).astype(np.float32)}
 
 
-def _jax_side(quick: bool, warmup: int, iters: int, queue) -> None:
-    from searchjax import runtime
-    runtime.enable_compilation_cache()
+def _timed(fn):
+    """A `common.alternate` unit: seconds of fn() with every result ready."""
+    def run():
+        start = time.perf_counter()
+        common.block(fn())
+        return time.perf_counter() - start
+    return run
+
+
+def _jax_side(quick: bool, dtype: str):
+    """`common.alternate` side: our update step; float32 parameters (the optimizer's), `dtype` compute."""
+    import jax
     from searchjax.data import assets
     from searchjax.models import load_pretrained
     from searchjax.rl import batching, trainer
-    model, params = load_pretrained(assets.smollm2_gguf(), dtype="float32")
+    start = time.perf_counter()
+    model, params = load_pretrained(assets.smollm2_gguf(), dtype=dtype, param_dtype="float32")
     batch = _synthetic_batch(model.config.vocab_size, quick)
     rows = len(batch["input_ids"])
     tail = batching.loss_columns(batch)
@@ -72,19 +85,24 @@ def _jax_side(quick: bool, warmup: int, iters: int, queue) -> None:
     del params
     stacked = batching.stack_micro_batches(batch, min(MICRO_BATCH, rows))
 
-    def run():
+    def update():
         state["s"], metrics = step(state["s"], stacked, tail)
         return metrics
-    timing = timeit(run, warmup=warmup, iters=iters)
+    jax.block_until_ready(update())  # compiles (or loads from the persistent cache)
     from searchjax.experiment.loop import peak_rss_gib
-    queue.put({**timing, "peak_rss_gib": peak_rss_gib()})
+    return _timed(update), {"first_s": time.perf_counter() - start, "peak_rss_gib": peak_rss_gib()}
 
 
-def _torch_side(quick: bool, warmup: int, iters: int, queue) -> None:
+def _torch_side(quick: bool, dtype: str):
+    """`common.alternate` side: the same update in torch eager, float32 parameters; bfloat16 through
+    `torch.autocast` (torch's mixed precision, the counterpart of ours)."""
+    import contextlib
     import torch
     import transformers
     from searchjax.data import assets
     from searchjax.models import load_pretrained, save_pretrained
+    threads = common.set_torch_threads()
+    autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if dtype == "bfloat16" else contextlib.nullcontext
     with tempfile.TemporaryDirectory() as tmp:
         jax_model, jax_params = load_pretrained(assets.smollm2_gguf(), dtype="float32")
         save_pretrained(jax_model, jax_params, tmp)  # the same weights, in HF format
@@ -98,8 +116,9 @@ def _torch_side(quick: bool, warmup: int, iters: int, queue) -> None:
     loss_mask, adv = batch["loss_mask"][:, prompt_len - 1:], batch["advantages"][:, None]
 
     def token_logprobs(rows=slice(None)):  # the response's tokens only, as the JAX side's tail
-        logits = model(input_ids=ids[rows], attention_mask=mask[rows],
-                       logits_to_keep=response_len + 1).logits[:, :-1].float() / TEMPERATURE
+        with autocast():
+            logits = model(input_ids=ids[rows], attention_mask=mask[rows],
+                           logits_to_keep=response_len + 1).logits[:, :-1].float() / TEMPERATURE
         return torch.log_softmax(logits, -1).gather(-1, ids[rows, prompt_len:, None])[..., 0]
 
     with torch.no_grad():
@@ -126,9 +145,9 @@ def _torch_side(quick: bool, warmup: int, iters: int, queue) -> None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         return total
-    timing = timeit(run, warmup=warmup, iters=iters)
+    run()
     from searchjax.experiment.loop import peak_rss_gib
-    queue.put({**timing, "peak_rss_gib": peak_rss_gib(), "torch_threads": torch.get_num_threads()})
+    return _timed(run), {"peak_rss_gib": peak_rss_gib(), "torch_threads": threads}
 
 
 def _quickstart_side(quick: bool, queue) -> None:
@@ -163,15 +182,19 @@ def _quickstart_side(quick: bool, queue) -> None:
 def run(args: BenchArgs) -> list[dict]:
     rows_n, p, r = _shapes(args.quick)
     tokens = rows_n * (p + r)
-    jax_t = common.in_fresh_process(_jax_side, args.quick, args.warmup, args.iters)
-    torch_t = common.in_fresh_process(_torch_side, args.quick, args.warmup, args.iters, environ=common.torch_environ())
+    timed = common.alternate({"jax": (_jax_side, (args.quick, args.dtype), common.ours_environ()),
+                              "torch": (_torch_side, (args.quick, args.dtype), common.torch_environ())},
+                             rounds=args.iters, warmup=args.warmup)
+    jax_t, torch_t = timed["jax"], timed["torch"]
     jax_tps, torch_tps = tokens / jax_t["median_s"], tokens / torch_t["median_s"]
     rows = [
-        {"name": "update/jax", "trajectories": rows_n, "tokens": tokens, "median_s": jax_t["median_s"],
-         "compile_s": jax_t["compile_s"], "tokens_per_s": jax_tps, "peak_rss_gib": jax_t["peak_rss_gib"],
+        {"name": "update/jax", "dtype": args.dtype, "trajectories": rows_n, "tokens": tokens,
+         "median_s": jax_t["median_s"], "min_s": jax_t["min_s"], "max_s": jax_t["max_s"],
+         "first_s": jax_t["info"]["first_s"], "tokens_per_s": jax_tps, "peak_rss_gib": jax_t["info"]["peak_rss_gib"],
          "ratio": jax_tps / torch_tps},
-        {"name": "update/torch", "trajectories": rows_n, "tokens": tokens, "median_s": torch_t["median_s"],
-         "tokens_per_s": torch_tps, "peak_rss_gib": torch_t["peak_rss_gib"], "threads": torch_t["torch_threads"],
-         "cpus": os.cpu_count()},
+        {"name": "update/torch", "dtype": args.dtype, "trajectories": rows_n, "tokens": tokens,
+         "median_s": torch_t["median_s"], "min_s": torch_t["min_s"], "max_s": torch_t["max_s"],
+         "tokens_per_s": torch_tps, "peak_rss_gib": torch_t["info"]["peak_rss_gib"],
+         "threads": torch_t["info"]["torch_threads"], "cpus": os.cpu_count()},
     ]
     return rows + common.in_fresh_process(_quickstart_side, args.quick)
