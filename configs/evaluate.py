@@ -59,7 +59,9 @@ def get_config(arg: str = ""):
     config.model.path = "smollm2"
     config.model.checkpoint_step = -1  # training workdir only: which checkpoint (-1 = the latest)
     config.model.tokenizer = ""  # tokenizer location if not the model's own ("" = model.path)
-    config.model.dtype = "float32"  # compute dtype (bfloat16 on accelerators)
+    # compute dtype: "auto" = the host's fast one (searchjax.runtime.host_compute_dtype: bfloat16 on TPU, GPU and
+    # CPUs with AMX / AVX-512 BF16, float32 elsewhere); "float32" reproduces predictions exactly across hosts
+    config.model.dtype = "auto"
 
     config.data = ml_collections.ConfigDict()
     # Datasets, comma-separated; each one gets its own predictions file per system. A spec is "default" (the

@@ -21,6 +21,7 @@ def _config(tiny_dir):
     spec.loader.exec_module(module)
     config = module.get_config()
     config.model.path = str(tiny_dir)
+    config.model.dtype = "float32"  # the config's "auto" depends on the host's CPU; the test must not
     config.data.path = "tfds:fanoutqa/dev"
     config.data.limit = 3
     config.batch_size = 2
