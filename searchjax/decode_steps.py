@@ -1,8 +1,8 @@
 """The jitted parts of generation: prefill, the on-device decode loop, append, and the state they carry.
 
 `searchjax.generation` is the host side (sessions, buckets, capacity checks, results); this module is what
-runs on the device. The model's own modules are reused: `decode_forward` applies its Embedding /
-DecoderLayer / RMSNorm to its parameters with the cache as a loop carry.
+runs on the device. Prefill and append run the model's own forward (`Transformer.__call__` with the cache);
+the decode step (`decode_forward`) is its own function over the same parameters and the same maths.
 
 Compilations. Parameters, the state, the budget, temperature, top-p and the stop table are traced
 arguments; the static ones are the model (its config), `logits_fn`, the sampling mode (greedy / top-k
@@ -18,10 +18,19 @@ and decode at most (log2(S / 16) + 2) times per (sampling mode, stop-state bucke
 A rollout with one sampling setting and one stop set thus compiles at most ~3 log2(S) programs in all
 (S = 2048: <= 9 prefill + 8 append + 9 decode), and every later batch of the same (B, S) reuses them.
 
-Decode step cost. Each step reads every weight once, plus the window's keys and values: the step runs
-the model's layers with the cache as a loop carry written in place one slot per layer (`decode_forward`),
-attends over the window W rather than all S slots, and samples without sorting the vocabulary
-(`searchjax.sampling`), so its time grows with the text so far, not with max_cache_len.
+Decode step cost. Each step reads every weight once and the window's keys and values once, and writes one
+slot per layer; it copies no weight and no layer's window (a test checks the optimized HLO of the loop
+body). How: `decode_loop` makes per-layer weights (`layer_weights`) and per-layer window buffers
+(`split_cache`, heads-major) once per call, before its loop, and puts the windows back afterwards
+(`merge_cache`, in place). The step (`decode_forward`) runs the layers unrolled; each attends over its
+window read-only plus the new token, the two softmax parts merged exactly (`searchjax.models.decode_attention`),
+and writes just the token's slot. (The former step sliced each layer's cache and weights out of the stacked
+[L, ...] arrays in a layer scan and let attention write the token into the layer's cache: on XLA:CPU those
+slices and the write are copies, ~60 % of a step with a 2,000-slot window.) The window W rather than all S
+slots bounds the reads, and sampling does not sort the vocabulary (`searchjax.sampling`), so a step's time
+grows with the text so far (`searchjax.bench.decode_window` measures how much), not with max_cache_len. The
+per-call copies cost one more set of layer weights and one window of memory while decoding (the window copy
+was made before too).
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from searchjax import sampling, sharding
 from searchjax.models import KVCache, init_cache, lm_head_weight, positions_from_mask, transformer
+from searchjax.models.decode_attention import decode_attention
+from searchjax.models.kernels import matmul, swiglu
 
 RUNNING, EOS, STOP, LENGTH = 0, 1, 2, 3
 
@@ -62,7 +73,7 @@ class SamplerState:
 # -------------------------------------------------------------------------------------------- sharding
 
 def constrain_state(state: SamplerState, mesh: Optional[Mesh], rules) -> SamplerState:
-    """Pin every [B, ...] array of the state to the batch mesh axes (cache: batch is dimension 1)."""
+    """Pin every [B, ...] array of the state to the batch mesh axes."""
     if mesh is None:
         return state
     batch_axes = sharding.batch_sharding(mesh, rules, ndim=1).spec[0]
@@ -75,7 +86,10 @@ def constrain_state(state: SamplerState, mesh: Optional[Mesh], rules) -> Sampler
     replicated = NamedSharding(mesh, PartitionSpec())
     cache = state.cache
     if cache is not None:
-        cache = KVCache(k=pin(cache.k, 1), v=pin(cache.v, 1), mask=pin(cache.mask, 0),
+        # stacked [L, B, S, K, D] (batch is dimension 1), or split_cache's per-layer [B, K, W, D] (dimension 0)
+        layer_batch_dim = 0 if isinstance(cache.k, tuple) else 1
+        cache = KVCache(k=jax.tree.map(lambda x: pin(x, layer_batch_dim), cache.k),
+                        v=jax.tree.map(lambda x: pin(x, layer_batch_dim), cache.v), mask=pin(cache.mask, 0),
                         index=jax.lax.with_sharding_constraint(cache.index, replicated))
     fields = {f: pin(getattr(state, f), 0) for f in ("tokens", "lengths", "logprobs", "next_logits", "done",
                                                      "stop_reason", "stop_state", "turn_start", "row_keys")}
@@ -99,61 +113,115 @@ def next_logits(params, model, logits_fn, ids, positions, mask, cache, tokens, l
     return logits, cache
 
 
-def decode_forward(params, model, token, position, running, cache: KVCache):
+def layer_weights(params, config) -> list:
+    """params["layers"] (stacked [L, ...]) as L per-layer trees in the compute dtype, made once per decode call,
+    before its loop (every layer weight is used in the compute dtype, so the cast changes no result).
+
+    Why: XLA:CPU cannot hand a dot a slice of a bigger buffer, so a step that slices layer i's weights out of
+    the stacked tree (a scan over layers) copies every weight before using it: each step then reads the
+    weights twice and writes them once (and with float32 storage and bfloat16 compute, converts them too).
+    Made outside the loop, the copies cost one more set of layer weights in memory while decoding, once per
+    call, and every step reads each weight once."""
+    dt = config.compute_dtype
+    return [jax.tree.map(lambda w: w[i].astype(dt), params["layers"]) for i in range(config.num_layers)]
+
+
+def split_cache(cache: Optional[KVCache], window: int) -> Optional[KVCache]:
+    """The cache's first `window` slots as one heads-major buffer per layer: k, v = tuples of L arrays
+    [B, K, W, D] (copies, once per decode call). Per-layer buffers let each step's products read a layer's
+    window in place and write only the new slot into it (a slice of the stacked [L, ...] cache would be a copy
+    per layer and step); heads-major makes those products plain batched matmuls (`decode_attention`)."""
+    if cache is None:
+        return None
+
+    def layers(stacked):
+        return tuple(stacked[i, :, :window].transpose(0, 2, 1, 3) for i in range(stacked.shape[0]))
+
+    return KVCache(k=layers(cache.k), v=layers(cache.v), mask=cache.mask[:, :window], index=cache.index)
+
+
+def merge_cache(full: Optional[KVCache], part: Optional[KVCache]) -> Optional[KVCache]:
+    """Write the per-layer windows of `split_cache` back over the first slots of the stacked cache (in place:
+    the full one is donated)."""
+    if full is None:
+        return None
+    k, v = full.k, full.v
+    for i, (k_layer, v_layer) in enumerate(zip(part.k, part.v)):
+        k = jax.lax.dynamic_update_slice(k, k_layer.transpose(0, 2, 1, 3)[None], (i, 0, 0, 0, 0))
+        v = jax.lax.dynamic_update_slice(v, v_layer.transpose(0, 2, 1, 3)[None], (i, 0, 0, 0, 0))
+    return KVCache(k=k, v=v, mask=jax.lax.dynamic_update_slice_in_dim(full.mask, part.mask, 0, axis=1),
+                   index=part.index)
+
+
+def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, sin):
+    """One decoder layer for one token per row: x [B, 1, H], windows [B, K, W, D] -> (x, windows with slot
+    `index` written).
+
+    The same maths as `transformer.DecoderLayer` over a cache (projections through `kernels.matmul` with the
+    same casts, RMSNorm via the model's module, RoPE, SwiGLU), but attention is `decode_attention` over the
+    window plus the token itself, and only the token's slot is written (after the window is read)."""
+    dt, eps, N, K, D = config.compute_dtype, config.rms_norm_eps, config.num_heads, config.num_kv_heads, config.head_dim
+    attn = weights["attn"]
+
+    def norm(scale_params, h, axis="embed"):
+        return transformer.RMSNorm(eps, axis, config.weight_dtype).apply({"params": scale_params}, h)
+
+    def project(name, h):
+        y = matmul("bth,hnd->btnd", h.astype(dt), attn[name]["kernel"].astype(dt))
+        return y + attn[name]["bias"].astype(dt) if config.qkv_bias else y
+
+    h = norm(weights["attn_norm"], x)
+    q, k, v = project("q_proj", h), project("k_proj", h), project("v_proj", h)  # [B, 1, N | K, D]
+    if config.qk_norm:
+        q, k = norm(attn["q_norm"], q, "head_dim"), norm(attn["k_norm"], k, "head_dim")
+    q, k = transformer.apply_rope(q, cos, sin), transformer.apply_rope(k, cos, sin)
+    k, v = k.astype(k_window.dtype), v.astype(v_window.dtype)  # as stored in the cache (the full forward's casts)
+    out = decode_attention(q[:, 0], k[:, 0], v[:, 0], k_window, v_window, visible, D ** -0.5)
+    # Then write the slot, with values routed through the attention output (a select on `out > +inf`, false
+    # for every number, NaN included: the values are k and v). That data dependency is what lets XLA write in
+    # place: with none between the window's reads and the write, XLA cannot order them and copies the window
+    # for the reads (2-3 copies per layer and step on XLA:CPU, also with an optimization barrier or with the
+    # write first). Per row, so a batch-sharded step needs no communication for it.
+    never = (out[:, 0, 0] > jnp.inf)[:, None, None, None]
+    k_window = jax.lax.dynamic_update_slice(k_window, jnp.where(never, 0, k.transpose(0, 2, 1, 3)), (0, 0, index, 0))
+    v_window = jax.lax.dynamic_update_slice(v_window, jnp.where(never, 0, v.transpose(0, 2, 1, 3)), (0, 0, index, 0))
+    # as one [B, N * D] x [N * D, H] product: with the two contracted axes (n, d) XLA:CPU chose to transpose the
+    # weight to [D, N, H] (a copy per layer and step) rather than order the small activation
+    x = x + matmul("be,eh->bh", out.reshape(out.shape[0], N * D),
+                   attn["o_proj"]["kernel"].astype(dt).reshape(N * D, -1))[:, None]
+    mlp = weights["mlp"]
+    h = norm(weights["mlp_norm"], x).astype(dt)
+    x = x + swiglu(h, *(mlp[name]["kernel"].astype(dt) for name in ("gate_proj", "up_proj", "down_proj")))
+    return x, k_window, v_window
+
+
+def decode_forward(params, weights, model, token, position, running, cache: KVCache):
     """One token per row (token/position/running [B]) through the model -> (logits [B, V] f32, cache).
 
-    The same layers as `model.apply` (the model's own Embedding / DecoderLayer / RMSNorm modules, applied to
-    its parameters), but the layer loop carries the stacked [L, B, S, K, D] cache and writes only the new
-    slot of each layer back into it (`dynamic_update_slice` on a loop carry, done in place by XLA). The
-    model's `nn.scan` passes the cache as scanned inputs/outputs instead, which makes XLA build a fresh
-    stacked cache and copy it every call: harmless once per prefill or append, but it is most of a decode
-    step's time (several full-cache copies per token).
+    `cache` is `split_cache`'s per-layer form (k, v: L heads-major buffers [B, K, W, D]) and `weights` is
+    `layer_weights`' per-layer list, both made once per decode call. The layers run unrolled (whatever
+    config.scan_layers says: that switch is for the full forward; L copies of one small layer to compile):
+    each reads its own weights and window in place, attends over the window read-only plus the token itself
+    (`decode_attention`: the two softmax parts merged exactly) and writes just the token's slot, so a step
+    reads every weight once and the window's keys/values once and writes L x 2 slots; no window and no weight
+    is copied. Visible window slots: the occupied ones before the write index (cache.mask & s < index); the
+    token's own slot is always visible, which is `transformer.attention_mask` for a one-token block.
     """
     config = model.config
     index = cache.index
     x = transformer.Embedding(config).apply({"params": params["embed"]}, token[:, None])  # [B, 1, H]
     cos, sin = transformer.rope_cos_sin(position[:, None], config)
-    slot_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, running[:, None], index, axis=1)
-    attn_mask = transformer.attention_mask(running[:, None], slot_mask, index)
-    layer = transformer.DecoderLayer(config)
-
-    def body(carry, layer_params_and_index):
-        x, k_all, v_all = carry
-        layer_params, i = layer_params_and_index
-        layer_cache = (jax.lax.dynamic_index_in_dim(k_all, i, 0, keepdims=False),
-                       jax.lax.dynamic_index_in_dim(v_all, i, 0, keepdims=False))
-        x, (k_layer, v_layer) = layer.apply({"params": layer_params}, x, layer_cache, cos, sin, attn_mask, index)
-        start = (i, 0, index, 0, 0)
-        k_all = jax.lax.dynamic_update_slice(k_all, jax.lax.dynamic_slice_in_dim(k_layer, index, 1, 1)[None], start)
-        v_all = jax.lax.dynamic_update_slice(v_all, jax.lax.dynamic_slice_in_dim(v_layer, index, 1, 1)[None], start)
-        return (x, k_all, v_all), None
-
-    layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
-    (x, k_all, v_all), _ = jax.lax.scan(body, (x, cache.k, cache.v), (params["layers"], layer_ids),
-                                        unroll=1 if config.scan_layers else config.num_layers)
+    visible = cache.mask & (jnp.arange(cache.mask.shape[1]) < index)[None]
+    ks, vs = list(cache.k), list(cache.v)
+    for i in range(config.num_layers):
+        x, ks[i], vs[i] = _decode_layer(config, weights[i], x, ks[i], vs[i], visible, index, cos, sin)
     hidden = transformer.RMSNorm(config.rms_norm_eps, "embed", config.weight_dtype).apply(
         {"params": params["final_norm"]}, x)
     head = lm_head_weight(params, config).astype(config.compute_dtype)
     logits = jnp.einsum("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head,
                         preferred_element_type=jnp.float32)
-    return logits, KVCache(k=k_all, v=v_all, mask=slot_mask, index=index + 1)
-
-
-def window_cache(cache: Optional[KVCache], window: int) -> Optional[KVCache]:
-    """The first `window` slots of the cache (a copy, once per decode call)."""
-    if cache is None or window >= cache.mask.shape[1]:
-        return cache
-    return KVCache(k=cache.k[:, :, :window], v=cache.v[:, :, :window], mask=cache.mask[:, :window],
-                   index=cache.index)
-
-
-def unwindow_cache(full: Optional[KVCache], part: Optional[KVCache]) -> Optional[KVCache]:
-    """Write a windowed cache back over the first slots of the full one (in place: the full one is donated)."""
-    if full is None or part.mask.shape[1] == full.mask.shape[1]:
-        return part
-    return KVCache(k=jax.lax.dynamic_update_slice_in_dim(full.k, part.k, 0, axis=2),
-                   v=jax.lax.dynamic_update_slice_in_dim(full.v, part.v, 0, axis=2),
-                   mask=jax.lax.dynamic_update_slice_in_dim(full.mask, part.mask, 0, axis=1), index=part.index)
+    slot_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, running[:, None], index, axis=1)
+    return logits, KVCache(k=tuple(ks), v=tuple(vs), mask=slot_mask, index=index + 1)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "logits_fn", "cache_len", "mesh", "rules"))
@@ -178,13 +246,15 @@ def decode_loop(params, state: SamplerState, budget, temperature, top_p, stop_ne
             logits_fn, mode, eos_token_ids, window, mesh, rules) -> SamplerState:
     """Sample until every row has stopped or `budget` steps ran. One step = sample a token for each running
     row from next_logits, advance its stop automaton, write it, and feed it to get the next logits. The loop
-    runs on the cache's first `window` slots (`decode_window`; the host guarantees the call stays inside).
+    runs on per-layer copies of the cache's first `window` slots (`split_cache`; `decode_window`: the host
+    guarantees the call stays inside) and per-layer weights (`layer_weights`), both made once per call.
     Static: model, logits_fn, mode, window (recompile); dynamic: budget, temperature, top_p, the stop table."""
     batch, width = state.tokens.shape
     rows = jnp.arange(batch)
     eos = jnp.asarray(eos_token_ids if eos_token_ids else (-1,), jnp.int32)
     full_cache = state.cache
-    state = state.replace(cache=window_cache(full_cache, window), step=jnp.zeros((), jnp.int32),
+    weights = layer_weights(params, model.config) if model is not None else None
+    state = state.replace(cache=split_cache(full_cache, window), step=jnp.zeros((), jnp.int32),
                           turn_start=state.lengths, stop_state=jnp.zeros_like(state.stop_state))
 
     def keep_going(st: SamplerState):
@@ -204,7 +274,7 @@ def decode_loop(params, state: SamplerState, budget, temperature, top_p, stop_ne
         lengths = st.lengths + running.astype(jnp.int32)
         logits, cache = None, st.cache
         if model is not None:
-            logits, cache = decode_forward(params, model, token, st.lengths, running, st.cache)
+            logits, cache = decode_forward(params, weights, model, token, st.lengths, running, st.cache)
         if logits_fn is not None:
             logits = logits_fn(tokens, lengths).astype(jnp.float32)
         new = st.replace(cache=cache, tokens=tokens, lengths=lengths, logprobs=logprobs,
@@ -215,7 +285,7 @@ def decode_loop(params, state: SamplerState, budget, temperature, top_p, stop_ne
         return constrain_state(new, mesh, rules)
 
     state = jax.lax.while_loop(keep_going, step, constrain_state(state, mesh, rules))
-    return constrain_state(state.replace(cache=unwindow_cache(full_cache, state.cache)), mesh, rules)
+    return constrain_state(state.replace(cache=merge_cache(full_cache, state.cache)), mesh, rules)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "logits_fn", "mesh", "rules"), donate_argnames=("state",))

@@ -1,0 +1,168 @@
+"""Decode-step time against the filled cache window: SmolLM2-135M, the current step vs the former one.
+
+    python -m launch.benchmark --only=decode_window [--dtype=bfloat16] [--quick]
+
+What is timed: greedy decode steps on a cache of S = 2,048 slots (a Search-R1 rollout's max_cache_len) whose
+first `filled` slots hold keys/values (random values: a step's cost does not depend on them) over the
+window W = `generation.decode_window(filled + steps, S)` that a `decode` call would use: 128 slots for 100
+filled, 2,048 for 2,000. One jitted call runs n steps in a `lax.fori_loop` (n traced, so one compilation per
+case) with the same per-call preparation as `decode_steps.decode_loop`; per-step seconds =
+(t(n steps) - t(1 step)) / (n - 1), so that preparation and the dispatch cancel out. Medians of args.iters.
+
+  * current: `decode_steps.decode_forward` (per-layer weights and windows made once per call, the window read
+    in place, the token merged by log-sum-exp, one slot written per layer).
+  * former: the step before it, kept below as `_former_decode_forward` (a scan over layers slicing each
+    layer's cache and weights out of the stacked arrays, attention writing the token into the layer cache).
+
+Rows: step_ms per (step, batch, filled), and the figures the work is judged by:
+  * long/short: step time with 2,000 filled slots over 100, batch 1 (goal <= 1.3).
+  * roofline at batch 8, 2,000 filled: bytes a step must read (every weight once + the window's keys and
+    values, W slots) / `common.memory_bandwidth()` (a streaming read of this host); vs_roofline = measured /
+    that (goal <= 1.3).
+  * short-window speed: former / current step time at batch 1, 100 filled (> 1: faster now).
+--quick: batch 1 only, 4 steps, 1 iteration (a smoke run of this file, not a measurement).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from searchjax.bench import common
+
+CACHE_LEN = 2048
+
+
+def _former_decode_forward(params, model, token, position, running, cache):
+    """The decode step as it was before the window was read in place (for the before/after rows only)."""
+    from searchjax.models import KVCache, lm_head_weight, transformer
+    config = model.config
+    index = cache.index
+    x = transformer.Embedding(config).apply({"params": params["embed"]}, token[:, None])
+    cos, sin = transformer.rope_cos_sin(position[:, None], config)
+    slot_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, running[:, None], index, axis=1)
+    attn_mask = transformer.attention_mask(running[:, None], slot_mask, index)
+    layer = transformer.DecoderLayer(config)
+
+    def body(carry, layer_params_and_index):
+        x, k_all, v_all = carry
+        layer_params, i = layer_params_and_index
+        layer_cache = (jax.lax.dynamic_index_in_dim(k_all, i, 0, keepdims=False),
+                       jax.lax.dynamic_index_in_dim(v_all, i, 0, keepdims=False))
+        x, (k_layer, v_layer) = layer.apply({"params": layer_params}, x, layer_cache, cos, sin, attn_mask, index)
+        start = (i, 0, index, 0, 0)
+        k_all = jax.lax.dynamic_update_slice(k_all, jax.lax.dynamic_slice_in_dim(k_layer, index, 1, 1)[None], start)
+        v_all = jax.lax.dynamic_update_slice(v_all, jax.lax.dynamic_slice_in_dim(v_layer, index, 1, 1)[None], start)
+        return (x, k_all, v_all), None
+
+    layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
+    (x, k_all, v_all), _ = jax.lax.scan(body, (x, cache.k, cache.v), (params["layers"], layer_ids),
+                                        unroll=1 if config.scan_layers else config.num_layers)
+    hidden = transformer.RMSNorm(config.rms_norm_eps, "embed", config.weight_dtype).apply(
+        {"params": params["final_norm"]}, x)
+    head = lm_head_weight(params, config).astype(config.compute_dtype)
+    logits = jnp.einsum("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head,
+                        preferred_element_type=jnp.float32)
+    return logits, KVCache(k=k_all, v=v_all, mask=slot_mask, index=index + 1)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "window", "former"))
+def _greedy_steps(params, cache, token, steps, *, model, window, former):
+    """`steps` greedy steps from `token` (all rows running) on the cache's first `window` slots -> last tokens."""
+    from searchjax import decode_steps
+    from searchjax.models import KVCache
+    position = jnp.full(token.shape, cache.index, jnp.int32)
+    running = jnp.ones(token.shape, bool)
+    if former:
+        part = KVCache(k=cache.k[:, :, :window], v=cache.v[:, :, :window], mask=cache.mask[:, :window],
+                       index=cache.index)
+
+        def forward(token, position, part):
+            return _former_decode_forward(params, model, token, position, running, part)
+    else:
+        weights = decode_steps.layer_weights(params, model.config)
+        part = decode_steps.split_cache(cache, window)
+
+        def forward(token, position, part):
+            return decode_steps.decode_forward(params, weights, model, token, position, running, part)
+
+    def step(_, carry):
+        token, position, part = carry
+        logits, part = forward(token, position, part)
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32), position + 1, part
+
+    token, _, part = jax.lax.fori_loop(0, steps, step, (token, position, part))
+    return token, part.mask
+
+
+def _filled_cache(config, batch: int, filled: int):
+    from searchjax.models import KVCache
+    shape = (config.num_layers, batch, CACHE_LEN, config.num_kv_heads, config.head_dim)
+    rng = np.random.default_rng(0)
+    k = jnp.asarray(rng.standard_normal(shape, np.float32), config.compute_dtype)
+    v = jnp.asarray(rng.standard_normal(shape, np.float32), config.compute_dtype)
+    mask = jnp.asarray(np.arange(CACHE_LEN)[None, :] < filled).repeat(batch, 0)
+    return KVCache(k=k, v=v, mask=mask, index=jnp.asarray(filled, jnp.int32))
+
+
+def _step_seconds(model, params, cache, window: int, former: bool, steps: int, iters: int) -> dict:
+    token = jnp.full((cache.mask.shape[0],), 100, jnp.int32)
+
+    def call(n):
+        start = time.perf_counter()
+        jax.block_until_ready(_greedy_steps(params, cache, token, np.int32(n), model=model, window=window,
+                                            former=former))
+        return time.perf_counter() - start
+
+    compile_s = call(1)
+    per_step = []
+    for _ in range(iters):
+        one, many = call(1), call(steps)
+        per_step.append(max(many - one, 0.0) / (steps - 1))
+    return {"median_s": statistics.median(per_step), "min_s": min(per_step), "max_s": max(per_step),
+            "first_call_s": compile_s}
+
+
+def run(args: common.BenchArgs) -> list[dict]:
+    from searchjax.data import assets
+    from searchjax.generation import decode_window
+    from searchjax.models import load_pretrained
+    model, params = load_pretrained(assets.smollm2_gguf(), dtype=args.dtype)
+    config = model.config
+    steps = 4 if args.quick else 16
+    iters = 1 if args.quick else max(1, args.iters)
+    cases = [(1, 100), (1, 2000)] + ([] if args.quick else [(8, 2000)])
+    weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
+    bandwidth = common.memory_bandwidth()
+    rows, times = [], {}
+    for batch, filled in cases:
+        cache = _filled_cache(config, batch, filled)
+        window = decode_window(filled + steps, CACHE_LEN)
+        window_bytes = 2 * config.num_layers * batch * window * config.num_kv_heads * config.head_dim * \
+            jnp.dtype(config.compute_dtype).itemsize
+        roofline_s = (weight_bytes + window_bytes) / bandwidth
+        for name, former in (("current", False), ("former", True)):
+            t = _step_seconds(model, params, cache, window, former, steps, iters)
+            times[name, batch, filled] = t["median_s"]
+            rows.append({"case": f"step b={batch} filled={filled}", "step": name, "dtype": args.dtype, "batch": batch,
+                         "filled": filled, "window": window, "step_ms": 1e3 * t["median_s"],
+                         "range_ms": f"{1e3 * t['min_s']:.3g}-{1e3 * t['max_s']:.3g}",
+                         "first_call_s": t["first_call_s"], "roofline_ms": 1e3 * roofline_s,
+                         "vs_roofline": t["median_s"] / roofline_s, "weight_mb": weight_bytes / 1e6,
+                         "window_mb": window_bytes / 1e6, "bandwidth_gb_s": bandwidth / 1e9})
+        del cache
+    for name in ("current", "former"):
+        rows.append({"case": "long/short b=1 (goal <= 1.3)", "step": name, "dtype": args.dtype,
+                     "ratio": times[name, 1, 2000] / times[name, 1, 100]})
+        if not args.quick:
+            row = next(r for r in rows if r.get("step") == name and r.get("batch") == 8)
+            rows.append({"case": "vs roofline b=8 filled=2000 (goal <= 1.3)", "step": name, "dtype": args.dtype,
+                         "ratio": row["vs_roofline"]})
+    rows.append({"case": "short window b=1: former / current step time", "dtype": args.dtype,
+                 "ratio": times["former", 1, 100] / times["current", 1, 100]})
+    return rows

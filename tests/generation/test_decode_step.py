@@ -1,0 +1,128 @@
+"""The decode step (`decode_steps.decode_forward`: window read in place, token merged by log-sum-exp, one slot
+written) against the model's full forward with a cache (`Transformer.__call__`, which writes the token into
+each layer's cache and softmaxes over all of it), on tiny random models with a partly filled window; and the
+compiled decode loop against copies of the window or the weights in its body.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from searchjax import decode_steps, sampling
+from searchjax.models import KVCache, init_cache, transformer
+
+# every architecture switch: GQA with q/k norms (Qwen3), q/k/v biases (Qwen2), tied embeddings (Llama), MHA
+CONFIGS = {
+    "qwen3": dict(architecture="qwen3", num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True),
+    "qwen2": dict(architecture="qwen2", num_heads=6, num_kv_heads=2, head_dim=8, qkv_bias=True),
+    "llama_tied": dict(architecture="llama", num_heads=6, num_kv_heads=3, head_dim=16, tie_embeddings=True),
+    "mha_unscanned": dict(architecture="llama", num_heads=4, num_kv_heads=4, head_dim=16, scan_layers=False),
+}
+S, W, FILLED = 48, 32, 21  # cache slots, decode window, slots written before the step
+
+
+def _model(name, dtype):
+    config = transformer.ModelConfig(vocab_size=128, hidden_size=48, intermediate_size=96, num_layers=3,
+                                     rms_norm_eps=1e-5, dtype=dtype, param_dtype="float32", **CONFIGS[name])
+    params = transformer.init_params(config, jax.random.key(3))
+    # large random weights (norm scales 1 + N(0, 0.3^2), matrices N(0, 0.3^2)): logits spread over several units
+    leaves, tree = jax.tree.flatten_with_path(params)
+    keys = jax.random.split(jax.random.key(4), len(leaves))
+    leaves = [1.0 + 0.3 * jax.random.normal(key, w.shape) if "norm" in jax.tree_util.keystr(path)
+              else 0.3 * jax.random.normal(key, w.shape) for (path, w), key in zip(leaves, keys)]
+    return transformer.Transformer(config), jax.tree.unflatten(tree, leaves)
+
+
+def _filled_cache(model, params):
+    """A cache of S slots with FILLED written by two prefill blocks; row 1 left-padded (its first 5 slots empty),
+    row 2 stopped at the last block (its last 4 slots masked)."""
+    rng = np.random.default_rng(0)
+    cache = init_cache(model.config, 3, S)
+    mask = np.ones((3, FILLED), bool)
+    mask[1, :5] = False
+    mask[2, -4:] = False
+    ids = jnp.asarray(rng.integers(0, 128, size=(3, FILLED)), jnp.int32)
+    positions = transformer.positions_from_mask(jnp.asarray(mask))
+    for block in (slice(0, 13), slice(13, FILLED)):
+        _, cache = model.apply({"params": params}, ids[:, block], positions[:, block], jnp.asarray(mask[:, block]),
+                               cache=cache)
+    return cache, jnp.asarray(mask.sum(axis=1), jnp.int32)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [("float32", 2e-5), ("bfloat16", 0.05)])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance):
+    """Logits and the written slot equal the full forward's; every other slot is untouched (bitwise).
+    Tolerance: max |difference| / max |logit|: float32 2e-5 (summation order only); bfloat16 5e-2 (the two
+    forms round the same quantities at different points, e.g. the merged softmax's sum before the cast)."""
+    model, params = _model(name, dtype)
+    cache, lengths = _filled_cache(model, params)
+    token = jnp.asarray([5, 77, 100], jnp.int32)
+    running = jnp.asarray([True, True, False])
+
+    reference, ref_cache = jax.jit(lambda p, c: model.apply({"params": p}, token[:, None], lengths[:, None],
+                                                            running[:, None], cache=c))(params, cache)
+
+    @jax.jit
+    def step(params, cache):
+        weights = decode_steps.layer_weights(params, model.config)
+        logits, part = decode_steps.decode_forward(params, weights, model, token, lengths, running,
+                                                   decode_steps.split_cache(cache, W))
+        return logits, decode_steps.merge_cache(cache, part)
+
+    logits, new_cache = step(params, cache)
+    reference = np.asarray(reference[:, 0], np.float32)
+    scale = np.abs(reference).max()
+    assert scale > 1.0  # spread logits: the tolerance below is not vacuous
+    assert np.abs(np.asarray(logits) - reference).max() <= tolerance * scale
+    np.testing.assert_array_equal(new_cache.mask, ref_cache.mask)
+    assert int(new_cache.index) == int(ref_cache.index) == FILLED + 1
+    for got, want, old in ((new_cache.k, ref_cache.k, cache.k), (new_cache.v, ref_cache.v, cache.v)):
+        got, want, old = (np.asarray(a, np.float32) for a in (got, want, old))
+        others = np.arange(S) != FILLED
+        np.testing.assert_array_equal(got[:, :, others], old[:, :, others])
+        written = np.abs(want[:, :, FILLED]).max()
+        assert np.abs(got[:, :, FILLED] - want[:, :, FILLED]).max() <= tolerance * written
+
+
+def _computation(hlo: str, name: str) -> str:
+    found = re.search(r"^%" + re.escape(name) + r" [^\n]*\{\n(.*?)^\}", hlo, re.S | re.M)
+    assert found, name
+    return found.group(1)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_loop_body_copies_no_window_and_no_weight(dtype):
+    """Optimized HLO of the decode loop: inside the while body nothing is made with the shape of a layer's
+    window or of a weight except by the in-place slot writes (dynamic-update-slice fusions); in particular no
+    copy, slice or dynamic-slice of them. Fails on the former step, which sliced layer caches and weights out
+    of the stacked arrays inside its layer scan."""
+    model, params = _model("llama_tied", dtype)  # float32 weights: with bfloat16 compute, no per-step casts either
+    config = model.config
+    batch = 2
+    state = decode_steps.prefill(params, jnp.ones((batch, 8), jnp.int32), jnp.ones((batch, 8), bool),
+                                 jnp.zeros((batch, S), jnp.int32), jnp.full((batch,), 8, jnp.int32),
+                                 jnp.zeros((batch,), bool), jax.vmap(jax.random.key)(jnp.arange(batch)),
+                                 model=model, logits_fn=None, cache_len=S, mesh=None, rules=None)
+    hlo = decode_steps.decode_loop.lower(
+        params, state, np.int32(4), np.float32(1.0), np.float32(1.0), np.zeros((1, config.vocab_size), np.int32),
+        np.int32(-1), model=model, logits_fn=None, mode=sampling.sampling_mode(0.0, 1.0, 0), eos_token_ids=(),
+        window=W, mesh=None, rules=None).compile().as_text()
+    body = _computation(hlo, re.search(r"body=%([\w.\-]+)", hlo).group(1))
+    shapes = {(batch, config.num_kv_heads, W, config.head_dim)}  # a layer's window, heads-major
+    shapes |= {tuple(w.shape[1:]) for w in jax.tree.leaves(params["layers"]) if w.ndim > 2}
+    shapes |= {tuple(params["embed"]["embedding"].shape)}
+    offenders = []
+    for line in body.splitlines():
+        match = re.match(r"\s*(ROOT )?%(\S+) = (?:f32|bf16)\[([\d,]*)\]\{[^}]*\} (\S+)\(", line)
+        if not match:
+            continue
+        name, dims, op = match.group(2), tuple(int(d) for d in match.group(3).split(",") if d), match.group(4)
+        if dims in shapes and op not in ("get-tuple-element", "parameter", "bitcast") and not (
+                op == "fusion" and "dynamic-update-slice" in name):
+            offenders.append(line.strip()[:160])
+    assert not offenders, "\n".join(offenders)
+    assert body.count("dynamic-update-slice") >= 2 * config.num_layers  # the slot writes are there (in place)
