@@ -200,7 +200,7 @@ def decode_forward(params, weights, model, token, position, running, cache: KVCa
 
     `cache` is `split_cache`'s per-layer form (k, v: L heads-major buffers [B, K, W, D]) and `weights` is
     `layer_weights`' per-layer list, both made once per decode call. The layers run unrolled (whatever
-    config.scan_layers says: that switch is for the full forward; L copies of one small layer to compile):
+    config.scan_layers says: that switch is for the full forward; SmolLM2's 30 compile in ~12-16 s here):
     each reads its own weights and window in place, attends over the window read-only plus the token itself
     (`decode_attention`: the two softmax parts merged exactly) and writes just the token's slot, so a step
     reads every weight once and the window's keys/values once and writes L x 2 slots; no window and no weight
