@@ -106,8 +106,7 @@ def next_logits(params, model, logits_fn, ids, positions, mask, cache, tokens, l
         hidden, cache = model.apply({"params": params}, ids, positions, mask, cache=cache, return_hidden=True)
         config = model.config
         head = lm_head_weight(params, config).astype(config.compute_dtype)
-        logits = jnp.einsum("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head,
-                            preferred_element_type=jnp.float32)
+        logits = matmul("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head, jnp.float32)
     if logits_fn is not None:
         logits = logits_fn(tokens, lengths).astype(jnp.float32)
     return logits, cache
@@ -218,10 +217,73 @@ def decode_forward(params, weights, model, token, position, running, cache: KVCa
     hidden = transformer.RMSNorm(config.rms_norm_eps, "embed", config.weight_dtype).apply(
         {"params": params["final_norm"]}, x)
     head = lm_head_weight(params, config).astype(config.compute_dtype)
-    logits = jnp.einsum("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head,
-                        preferred_element_type=jnp.float32)
+    logits = matmul("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head, jnp.float32)
     slot_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, running[:, None], index, axis=1)
     return logits, KVCache(k=tuple(ks), v=tuple(vs), mask=slot_mask, index=index + 1)
+
+
+def per_layer_decode(mesh: Optional[Mesh]) -> bool:
+    """Whether the decode loop runs on per-layer weights and windows (`decode_forward`) rather than on the
+    stacked ones (`decode_forward_stacked`): on the CPU, the target where a slice of a stacked buffer is a copy.
+
+    XLA:CPU copies each layer's weight and cache slice out of the stacked [L, ...] arrays every step (a
+    long-window step spent most of its time there); per-layer buffers made once per call avoid it, at the cost
+    of one more set of compute-dtype weights while decoding and an unrolled loop to compile. On TPU and GPU a
+    slice feeds the matrix unit in place, so those costs would buy nothing: one more copy of the weights in
+    HBM would shrink the room for the rollout's cache. The target is the mesh's devices (the compile check
+    builds TPU programs on a CPU host), else JAX's default backend."""
+    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    return platform == "cpu"
+
+
+def decode_forward_stacked(params, model, token, position, running, cache: KVCache):
+    """`decode_forward` for accelerators (`per_layer_decode`): the model's own layers scanned over the stacked
+    parameters, the stacked [L, B, W, K, D] cache a loop carry of which each layer writes only its new slot
+    (in place), attention over the layer's window with the new token written first (`transformer.Attention`)."""
+    config = model.config
+    index = cache.index
+    x = transformer.Embedding(config).apply({"params": params["embed"]}, token[:, None])  # [B, 1, H]
+    cos, sin = transformer.rope_cos_sin(position[:, None], config)
+    slot_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, running[:, None], index, axis=1)
+    attn_mask = transformer.attention_mask(running[:, None], slot_mask, index)
+    layer = transformer.DecoderLayer(config)
+
+    def body(carry, layer_params_and_index):
+        x, k_all, v_all = carry
+        layer_params, i = layer_params_and_index
+        layer_cache = (jax.lax.dynamic_index_in_dim(k_all, i, 0, keepdims=False),
+                       jax.lax.dynamic_index_in_dim(v_all, i, 0, keepdims=False))
+        x, (k_layer, v_layer) = layer.apply({"params": layer_params}, x, layer_cache, cos, sin, attn_mask, index)
+        start = (i, 0, index, 0, 0)
+        k_all = jax.lax.dynamic_update_slice(k_all, jax.lax.dynamic_slice_in_dim(k_layer, index, 1, 1)[None], start)
+        v_all = jax.lax.dynamic_update_slice(v_all, jax.lax.dynamic_slice_in_dim(v_layer, index, 1, 1)[None], start)
+        return (x, k_all, v_all), None
+
+    layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
+    (x, k_all, v_all), _ = jax.lax.scan(body, (x, cache.k, cache.v), (params["layers"], layer_ids),
+                                        unroll=1 if config.scan_layers else config.num_layers)
+    hidden = transformer.RMSNorm(config.rms_norm_eps, "embed", config.weight_dtype).apply(
+        {"params": params["final_norm"]}, x)
+    head = lm_head_weight(params, config).astype(config.compute_dtype)
+    logits = matmul("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head, jnp.float32)
+    return logits, KVCache(k=k_all, v=v_all, mask=slot_mask, index=index + 1)
+
+
+def window_cache(cache: Optional[KVCache], window: int) -> Optional[KVCache]:
+    """The first `window` slots of the stacked cache (a copy, once per decode call; accelerators)."""
+    if cache is None or window >= cache.mask.shape[1]:
+        return cache
+    return KVCache(k=cache.k[:, :, :window], v=cache.v[:, :, :window], mask=cache.mask[:, :window],
+                   index=cache.index)
+
+
+def unwindow_cache(full: Optional[KVCache], part: Optional[KVCache]) -> Optional[KVCache]:
+    """Write a windowed stacked cache back over the first slots of the full one (in place: it is donated)."""
+    if full is None or part.mask.shape[1] == full.mask.shape[1]:
+        return part
+    return KVCache(k=jax.lax.dynamic_update_slice_in_dim(full.k, part.k, 0, axis=2),
+                   v=jax.lax.dynamic_update_slice_in_dim(full.v, part.v, 0, axis=2),
+                   mask=jax.lax.dynamic_update_slice_in_dim(full.mask, part.mask, 0, axis=1), index=part.index)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "logits_fn", "cache_len", "mesh", "rules"))
@@ -246,15 +308,18 @@ def decode_loop(params, state: SamplerState, budget, temperature, top_p, stop_ne
             logits_fn, mode, eos_token_ids, window, mesh, rules) -> SamplerState:
     """Sample until every row has stopped or `budget` steps ran. One step = sample a token for each running
     row from next_logits, advance its stop automaton, write it, and feed it to get the next logits. The loop
-    runs on per-layer copies of the cache's first `window` slots (`split_cache`; `decode_window`: the host
-    guarantees the call stays inside) and per-layer weights (`layer_weights`), both made once per call.
+    runs on the cache's first `window` slots (`decode_window`; the host guarantees the call stays inside): on
+    a CPU as per-layer copies with per-layer weights (`split_cache`, `layer_weights`, `decode_forward`), on
+    TPU and GPU on the stacked cache and weights (`decode_forward_stacked`); `per_layer_decode` says why.
     Static: model, logits_fn, mode, window (recompile); dynamic: budget, temperature, top_p, the stop table."""
     batch, width = state.tokens.shape
     rows = jnp.arange(batch)
     eos = jnp.asarray(eos_token_ids if eos_token_ids else (-1,), jnp.int32)
     full_cache = state.cache
-    weights = layer_weights(params, model.config) if model is not None else None
-    state = state.replace(cache=split_cache(full_cache, window), step=jnp.zeros((), jnp.int32),
+    per_layer = per_layer_decode(mesh)
+    weights = layer_weights(params, model.config) if model is not None and per_layer else None
+    cache = split_cache(full_cache, window) if per_layer else window_cache(full_cache, window)
+    state = state.replace(cache=cache, step=jnp.zeros((), jnp.int32),
                           turn_start=state.lengths, stop_state=jnp.zeros_like(state.stop_state))
 
     def keep_going(st: SamplerState):
@@ -274,7 +339,10 @@ def decode_loop(params, state: SamplerState, budget, temperature, top_p, stop_ne
         lengths = st.lengths + running.astype(jnp.int32)
         logits, cache = None, st.cache
         if model is not None:
-            logits, cache = decode_forward(params, weights, model, token, st.lengths, running, st.cache)
+            if per_layer:
+                logits, cache = decode_forward(params, weights, model, token, st.lengths, running, st.cache)
+            else:
+                logits, cache = decode_forward_stacked(params, model, token, st.lengths, running, st.cache)
         if logits_fn is not None:
             logits = logits_fn(tokens, lengths).astype(jnp.float32)
         new = st.replace(cache=cache, tokens=tokens, lengths=lengths, logprobs=logprobs,
@@ -285,7 +353,8 @@ def decode_loop(params, state: SamplerState, budget, temperature, top_p, stop_ne
         return constrain_state(new, mesh, rules)
 
     state = jax.lax.while_loop(keep_going, step, constrain_state(state, mesh, rules))
-    return constrain_state(state.replace(cache=merge_cache(full_cache, state.cache)), mesh, rules)
+    merged = merge_cache(full_cache, state.cache) if per_layer else unwindow_cache(full_cache, state.cache)
+    return constrain_state(state.replace(cache=merged), mesh, rules)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "logits_fn", "mesh", "rules"), donate_argnames=("state",))

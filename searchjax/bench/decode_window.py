@@ -11,8 +11,9 @@ case) with the same per-call preparation as `decode_steps.decode_loop`; per-step
 
   * current: `decode_steps.decode_forward` (per-layer weights and windows made once per call, the window read
     in place, the token merged by log-sum-exp, one slot written per layer).
-  * former: the step before it, kept below as `_former_decode_forward` (a scan over layers slicing each
-    layer's cache and weights out of the stacked arrays, attention writing the token into the layer cache).
+  * former: the step before it, which is still the accelerators' step, `decode_steps.decode_forward_stacked`
+    (a scan over layers slicing each layer's cache and weights out of the stacked arrays, attention writing the
+    token into the layer cache; `decode_steps.per_layer_decode` says which target runs which).
 
 Rows: step_ms per (step, batch, filled), and the figures the work is judged by:
   * long/short: step time with 2,000 filled slots over 100, batch 1 (goal <= 1.3).
@@ -45,52 +46,17 @@ from searchjax.bench import common
 CACHE_LEN = 2048
 
 
-def _former_decode_forward(params, model, token, position, running, cache):
-    """The decode step as it was before the window was read in place (for the before/after rows only)."""
-    from searchjax.models import KVCache, lm_head_weight, transformer
-    config = model.config
-    index = cache.index
-    x = transformer.Embedding(config).apply({"params": params["embed"]}, token[:, None])
-    cos, sin = transformer.rope_cos_sin(position[:, None], config)
-    slot_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, running[:, None], index, axis=1)
-    attn_mask = transformer.attention_mask(running[:, None], slot_mask, index)
-    layer = transformer.DecoderLayer(config)
-
-    def body(carry, layer_params_and_index):
-        x, k_all, v_all = carry
-        layer_params, i = layer_params_and_index
-        layer_cache = (jax.lax.dynamic_index_in_dim(k_all, i, 0, keepdims=False),
-                       jax.lax.dynamic_index_in_dim(v_all, i, 0, keepdims=False))
-        x, (k_layer, v_layer) = layer.apply({"params": layer_params}, x, layer_cache, cos, sin, attn_mask, index)
-        start = (i, 0, index, 0, 0)
-        k_all = jax.lax.dynamic_update_slice(k_all, jax.lax.dynamic_slice_in_dim(k_layer, index, 1, 1)[None], start)
-        v_all = jax.lax.dynamic_update_slice(v_all, jax.lax.dynamic_slice_in_dim(v_layer, index, 1, 1)[None], start)
-        return (x, k_all, v_all), None
-
-    layer_ids = jnp.arange(config.num_layers, dtype=jnp.int32)
-    (x, k_all, v_all), _ = jax.lax.scan(body, (x, cache.k, cache.v), (params["layers"], layer_ids),
-                                        unroll=1 if config.scan_layers else config.num_layers)
-    hidden = transformer.RMSNorm(config.rms_norm_eps, "embed", config.weight_dtype).apply(
-        {"params": params["final_norm"]}, x)
-    head = lm_head_weight(params, config).astype(config.compute_dtype)
-    logits = jnp.einsum("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head,
-                        preferred_element_type=jnp.float32)
-    return logits, KVCache(k=k_all, v=v_all, mask=slot_mask, index=index + 1)
-
-
 @functools.partial(jax.jit, static_argnames=("model", "window", "former"))
 def _greedy_steps(params, cache, token, steps, *, model, window, former):
     """`steps` greedy steps from `token` (all rows running) on the cache's first `window` slots -> last tokens."""
     from searchjax import decode_steps
-    from searchjax.models import KVCache
     position = jnp.full(token.shape, cache.index, jnp.int32)
     running = jnp.ones(token.shape, bool)
     if former:
-        part = KVCache(k=cache.k[:, :, :window], v=cache.v[:, :, :window], mask=cache.mask[:, :window],
-                       index=cache.index)
+        part = decode_steps.window_cache(cache, window)
 
         def forward(token, position, part):
-            return _former_decode_forward(params, model, token, position, running, part)
+            return decode_steps.decode_forward_stacked(params, model, token, position, running, part)
     else:
         weights = decode_steps.layer_weights(params, model.config)
         part = decode_steps.split_cache(cache, window)

@@ -61,3 +61,16 @@ def test_scoring_flops_by_hand_for_smollm2():
     assert scoring.attention_share_lower_triangle(256) == pytest.approx(257 / 512)
     attention = L * 4 * B * T * T * N * D
     assert scoring.scoring_flops(config, B, T, 0.75) == pytest.approx(full - attention / 4)
+
+
+def test_memory_bandwidths_agree_with_each_other():
+    """The read the rooflines use lands within a small factor of numpy's single-threaded copy of the same
+    buffer: this catches a kernel XLA fuses away or serves from cache (orders of magnitude above) and a gross
+    byte-count error; the band (0.4x-4x) leaves room for 2 cores and a shared machine's noise. The jitted copy
+    and triad are reported, not bounded: XLA:CPU's element-wise loops stream at a fraction of the read (measured
+    4-8 GB/s against a 20-37 GB/s read here), which is a property of XLA, not of the arithmetic."""
+    measured = common.memory_bandwidths(megabytes=64, iters=3)
+    assert set(measured) == {"read", "copy", "triad", "numpy_copy"}
+    assert all(value > 0 for value in measured.values())
+    assert 0.4 < measured["read"] / measured["numpy_copy"] < 4, measured
+    assert common.memory_bandwidth(megabytes=64, iters=3) >= 0.5 * measured["read"]

@@ -52,9 +52,10 @@ def _filled_cache(model, params):
     return cache, jnp.asarray(mask.sum(axis=1), jnp.int32)
 
 
+@pytest.mark.parametrize("form", ["per_layer", "stacked"])  # the CPU's step and the accelerators' (per_layer_decode)
 @pytest.mark.parametrize("dtype, tolerance", [("float32", 2e-5), ("bfloat16", 0.05)])
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance):
+def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form):
     """Logits and the written slot equal the full forward's; every other slot is untouched (bitwise).
     Tolerance: max |difference| / max |logit|: float32 2e-5 (summation order only); bfloat16 5e-2 (the two
     forms round the same quantities at different points, e.g. the merged softmax's sum before the cast)."""
@@ -68,6 +69,10 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance):
 
     @jax.jit
     def step(params, cache):
+        if form == "stacked":
+            logits, part = decode_steps.decode_forward_stacked(params, model, token, lengths, running,
+                                                               decode_steps.window_cache(cache, W))
+            return logits, decode_steps.unwindow_cache(cache, part)
         weights = decode_steps.layer_weights(params, model.config)
         logits, part = decode_steps.decode_forward(params, weights, model, token, lengths, running,
                                                    decode_steps.split_cache(cache, W))
@@ -126,3 +131,12 @@ def test_decode_loop_body_copies_no_window_and_no_weight(dtype):
             offenders.append(line.strip()[:160])
     assert not offenders, "\n".join(offenders)
     assert body.count("dynamic-update-slice") >= 2 * config.num_layers  # the slot writes are there (in place)
+
+
+def test_per_layer_decode_is_for_cpu_targets_only():
+    """The mesh's devices decide (a TPU program compiled on a CPU host takes the stacked form), else the backend."""
+    from types import SimpleNamespace
+    assert decode_steps.per_layer_decode(None) == (jax.default_backend() == "cpu")
+    for platform, expected in (("cpu", True), ("tpu", False), ("gpu", False)):
+        mesh = SimpleNamespace(devices=np.array([SimpleNamespace(platform=platform)] * 2))
+        assert decode_steps.per_layer_decode(mesh) is expected
