@@ -29,35 +29,39 @@ from searchjax.config_files import sibling
 
 # Sizes of the job (see the module docstring and MEASURED).
 DEMO_QUESTIONS = 1024  # train questions demonstrations are built for (drawn at random; ~87% are kept)
-SFT_STEPS, SFT_BATCH, SFT_LR = 16, 8, 1e-4
+SFT_STEPS, SFT_BATCH, SFT_LR = 10, 8, 1e-4
 GRPO_STEPS, PROMPTS_PER_STEP, GROUP_SIZE = 2, 2, 4
 UNTRAINED_LIMIT = 16  # per evaluation set: 32 questions in all
 
-MEASURED = """2026-12-01, 2 CPU cores (Intel Xeon with AMX; f32 compute), nothing else running; 21 min 13 s wall in all,
-peak RSS 5.6 GiB (launch.main_job under /usr/bin/time -v):
+MEASURED = """2026-12-01, 2 CPU cores (Intel Xeon with AMX: model.dtype "auto" = bfloat16 compute, f32 parameters),
+nothing else running; 14 min 42 s wall in all, peak RSS 5.3 GiB (launch.main_job under /usr/bin/time -v):
 
   stage             wall    CPU     peak RSS
-  demonstrations       5 s     5 s  0.45 GiB   (cached: 904 of 1,024 kept; a fresh machine builds them first)
-  warm start         412 s   729 s  4.39 GiB   (16 SFT steps of 8; loss 2.41 -> 0.101 at step 10 -> 0.007)
-  GRPO (2 steps)     115 s   208 s  5.09 GiB
-  eval untrained      90 s   163 s  5.60 GiB   (16 + 16 questions)
-  eval warm start    315 s   583 s  5.60 GiB   (100 + 75 questions)
-  eval GRPO          328 s   602 s  5.60 GiB
-  table                4 s     4 s
+  demonstrations       6 s     6 s  0.45 GiB   (cached: 904 of 1,024 kept; a fresh machine builds them first)
+  warm start         188 s   352 s  4.28 GiB   (10 SFT steps of 8; loss 2.41 -> 0.111)
+  GRPO (2 steps)     122 s   210 s  5.31 GiB
+  eval untrained      85 s   137 s  5.31 GiB   (16 + 16 questions)
+  eval warm start    245 s   417 s  5.31 GiB   (100 + 75 questions, 16 per rollout call)
+  eval GRPO          228 s   393 s  5.31 GiB
+  table                2 s     2 s
 
-  | set             | system     |   n |    EM |    F1 | valid answer | mean searches | EM - warm start [95% CI]     |
-  | default_qa_test | untrained  |  16 | 0.000 | 0.000 |        0.000 |         0.000 | -0.625 [-0.875, -0.375] (n=16)|
-  | default_qa_test | warm_start | 100 | 0.720 | 0.739 |        0.990 |         1.010 | -                            |
-  | default_qa_test | grpo       | 100 | 0.720 | 0.739 |        0.990 |         1.010 | +0.000 [+0.000, +0.000]      |
-  | fanoutqa        | untrained  |  16 | 0.000 | 0.000 |        0.000 |         0.000 | -0.375 [-0.625, -0.125] (n=16)|
-  | fanoutqa        | warm_start |  75 | 0.387 | 0.442 |        1.000 |         1.000 | -                            |
-  | fanoutqa        | grpo       |  75 | 0.387 | 0.442 |        1.000 |         1.000 | +0.000 [+0.000, +0.000]      |
+  | set             | system     |   n |    EM |    F1 | valid answer | mean searches | EM - warm start [95% CI]       |
+  | default_qa_test | untrained  |  16 | 0.000 | 0.000 |        0.000 |         0.000 | -0.438 [-0.688, -0.188] (n=16) |
+  | default_qa_test | warm_start | 100 | 0.560 | 0.611 |        0.990 |         1.000 | -                              |
+  | default_qa_test | grpo       | 100 | 0.540 | 0.606 |        1.000 |         1.000 | -0.020 [-0.050, +0.000]        |
+  | fanoutqa        | untrained  |  16 | 0.000 | 0.000 |        0.000 |         0.000 | -0.500 [-0.750, -0.250] (n=16) |
+  | fanoutqa        | warm_start |  75 | 0.440 | 0.458 |        1.000 |         1.000 | -                              |
+  | fanoutqa        | grpo       |  75 | 0.440 | 0.458 |        1.000 |         1.000 | +0.000 [+0.000, +0.000]        |
 
 The warm start meets the targets (valid answers >= 0.8, >= 0.8 searches per question, EM far above the untrained
-model's 0). Two GRPO steps at the quickstart's learning rate (1e-6) leave every greedy answer unchanged: they show
-the stage runs, not a gain (docs/learning_run.md is the learning run). Over the 15-minute goal by 6 minutes: the
-warm start's 16 steps (7 min) and the two 175-question evaluations (5.4 min each) are compute-bound f32 passes
-of a 135M model on 2 cores; --config.sft.steps=10 reaches loss 0.10 in 4.5 min."""
+model's 0). Two GRPO steps at the quickstart's learning rate (1e-6) change one greedy answer in a hundred: they
+show the stage runs, not a gain (docs/learning_run.md is the learning run).
+
+What 15 minutes cost. The same job with 16 SFT steps and 32 questions per rollout call took 17 min 54 s here
+(loss 0.007, EM 0.720 / 0.373 after the warm start): 6 more SFT steps buy 16 points of test EM and cost 100 s.
+In float32 (--config.model.dtype=float32; what a CPU without a bf16 matrix unit runs) that configuration took
+21 min 13 s (warm start 412 s, evaluations 90 + 315 + 328 s). The smallest warm start that met the targets in
+15 minutes is the 10 steps above."""
 
 
 def main_section(arms=("grpo",)):
@@ -73,7 +77,7 @@ def main_section(arms=("grpo",)):
     main.eval_sets = ("default_qa:test", "default")  # default QA test split (100) and the 75 FanOutQA questions
     main.eval_limit = 0  # questions per set for the trained systems (0 = all)
     main.untrained_limit = UNTRAINED_LIMIT  # questions per set for the untrained model (0 = all)
-    main.eval_batch_size = 32  # questions per rollout call
+    main.eval_batch_size = 16  # questions per rollout call (the untrained evaluation's size: one set of programs)
     main.bootstrap_resamples = 10_000  # paired bootstrap of the EM differences (searchjax.eval.stats)
     main.curve_metrics = ("reward/mean", "eval/reward", "rollout/search/mean", "rollout/response_length",
                           "update/kl/mean", "rollout/entropy_mc")  # training curves in report/training_curves.png
