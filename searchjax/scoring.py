@@ -68,14 +68,14 @@ def target_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
     slicing and recomputation cost about a quarter of the head's time on CPU, which only pays off in
     memory), else chunks of VOCAB_CHUNK columns; an int forces chunks of that width.
     """
+    from searchjax.models.kernels import matmul  # bf16 heads: the fast GEMM forward and backward
     H, V = lm_head.shape
     temperature = jnp.asarray(temperature, jnp.float32)
     if vocab_chunk is None:
         vocab_chunk = V if math.prod(targets.shape) * V * 4 <= SINGLE_PASS_LOGITS_BYTES else VOCAB_CHUNK
     n_chunks = max(1, math.ceil(V / vocab_chunk))
     if n_chunks == 1:
-        z = jnp.einsum("bth,hv->btv", hidden, lm_head.astype(hidden.dtype),
-                       preferred_element_type=jnp.float32) / temperature
+        z = matmul("bth,hv->btv", hidden, lm_head.astype(hidden.dtype), jnp.float32) / temperature
         picked = jnp.take_along_axis(z, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
         return picked - jax.nn.logsumexp(z, axis=-1)
     width = math.ceil(V / n_chunks)
@@ -90,7 +90,7 @@ def target_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
     def body(k, carry):
         m, s, picked = carry
         chunk = jax.lax.dynamic_index_in_dim(w, k, axis=2, keepdims=False).astype(hidden.dtype)  # [H, C]
-        z = jnp.einsum("bth,hc->btc", hidden, chunk, preferred_element_type=jnp.float32) / temperature
+        z = matmul("bth,hc->btc", hidden, chunk, jnp.float32) / temperature
         ids = column + k  # [C]
         if padded != V:
             z = jnp.where(ids < V, z, -jnp.inf)

@@ -27,20 +27,61 @@ def matmul(equation: str, x: jax.Array, w: jax.Array, out_dtype=None) -> jax.Arr
     Asking for float32 accumulation is also what the maths wants (torch's bf16 GEMMs accumulate in float32
     too) and is free on TPU and GPU, whose matrix units accumulate in float32 anyway. For float32 inputs
     this is the plain einsum.
+
+    Low-precision inputs get a VJP of their own (`_low_precision_matmul`): autodiff would carry the float32
+    cotangent of the float32 accumulation into the backward products, float32 x bfloat16 dots that XLA runs
+    as float32 GEMMs after converting the weights. The backward here casts the cotangent to the inputs' dtype
+    first, as torch.autocast's backward does (its bf16 products return bf16, so their gradients arrive in
+    bf16), and both backward products take the fast path.
     """
     out_dtype = x.dtype if out_dtype is None else out_dtype
+    if x.dtype == jnp.float32 or x.dtype != w.dtype:
+        return jnp.einsum(equation, x, w, preferred_element_type=jnp.float32).astype(out_dtype)
     inputs, output = equation.split("->")
     x_axes, w_axes = inputs.split(",")
-    rows = x.shape[0]
-    if (x.dtype != jnp.float32 and rows < MIN_LOW_PRECISION_ROWS and x_axes[0] not in w_axes
-            and output.startswith(x_axes[0]) and math.prod(x.shape[:len(x_axes) - 1]) < MIN_LOW_PRECISION_ROWS):
+    rows = math.prod(n for axis, n in zip(x_axes, x.shape) if axis not in w_axes)  # x's free (row) axes
+    if rows < MIN_LOW_PRECISION_ROWS and x_axes[0] not in w_axes and output.startswith(x_axes[0]):
         # A bf16 matrix-vector product (one decode row) is not XLA:CPU's GEMM: it converts the whole weight to
         # float32 first (hoisted out of the layer loop, every stacked weight, every step). Padding the rows to
         # MIN_LOW_PRECISION_ROWS keeps it a GEMM that reads the bf16 weight as it is; the extra rows are free in
         # a product bound by reading the weight.
-        padded = jnp.pad(x, [(0, MIN_LOW_PRECISION_ROWS - rows)] + [(0, 0)] * (x.ndim - 1))
-        return jnp.einsum(equation, padded, w, preferred_element_type=jnp.float32)[:rows].astype(out_dtype)
+        padded = jnp.pad(x, [(0, MIN_LOW_PRECISION_ROWS - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+        return jnp.einsum(equation, padded, w, preferred_element_type=jnp.float32)[:x.shape[0]].astype(out_dtype)
+    return _low_precision_matmul(equation, jnp.dtype(out_dtype), x, w)
+
+
+def transposed_equations(equation: str) -> tuple[str, str]:
+    """The einsums of a product's two input gradients: for O = einsum("X,W->O"), dX = einsum("O,W->X") and
+    dW = einsum("X,O->W"). Valid when every axis of each input is in the other input or the output (nothing
+    summed within one operand), which `matmul` checks."""
+    inputs, out = equation.split("->")
+    x_axes, w_axes = inputs.split(",")
+    lonely = [a for a in x_axes if a not in w_axes + out] + [a for a in w_axes if a not in x_axes + out]
+    if lonely:
+        raise ValueError(f"matmul: {equation!r} sums axes {lonely} within one operand; write that sum out first")
+    return f"{out},{w_axes}->{x_axes}", f"{x_axes},{out}->{w_axes}"
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _low_precision_matmul(equation, out_dtype, x, w):
     return jnp.einsum(equation, x, w, preferred_element_type=jnp.float32).astype(out_dtype)
+
+
+def _low_precision_matmul_fwd(equation, out_dtype, x, w):
+    transposed_equations(equation)  # fail at trace time, not in the backward pass
+    return _low_precision_matmul(equation, out_dtype, x, w), (x, w)
+
+
+def _low_precision_matmul_bwd(equation, out_dtype, residuals, d_out):
+    x, w = residuals
+    for_x, for_w = transposed_equations(equation)
+    d_out = d_out.astype(x.dtype)  # the bf16 cotangent: both products below are bf16 x bf16 -> f32 GEMMs
+    d_x = jnp.einsum(for_x, d_out, w, preferred_element_type=jnp.float32).astype(x.dtype)
+    d_w = jnp.einsum(for_w, x, d_out, preferred_element_type=jnp.float32).astype(w.dtype)
+    return d_x, d_w
+
+
+_low_precision_matmul.defvjp(_low_precision_matmul_fwd, _low_precision_matmul_bwd)
 
 
 def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, *,
@@ -109,14 +150,17 @@ def _attention_fwd(q, k, v, mask, scale):
 def _attention_bwd(scale, residuals, d_out):
     q, k, v, mask, out, lse = residuals
     probs = jnp.exp(_masked_logits(q, k, mask, scale) - lse)  # masked slots: exp(-1e30 - lse) = 0
-    d_out32 = d_out.astype(jnp.float32)
-    d_v = jnp.einsum("bkgts,bkgtd->bksd", probs, d_out32)
-    d_probs = jnp.einsum("bkgtd,bksd->bkgts", d_out32, v.astype(jnp.float32))
-    row = jnp.sum(d_out32 * out.astype(jnp.float32), axis=-1, keepdims=True)
-    d_logits = probs * (d_probs - row) * scale
-    d_q = jnp.einsum("bkgts,bksd->bkgtd", d_logits, k.astype(jnp.float32))
-    d_k = jnp.einsum("bkgts,bkgtd->bksd", d_logits, q.astype(jnp.float32))
-    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), None
+    # The four products take the inputs' dtype with float32 accumulation (bf16 models: XLA:CPU's fast GEMM,
+    # as FlashAttention's backward feeds P and dS to its bf16 matmuls); the softmax algebra stays float32.
+    dt = q.dtype
+    d_out = d_out.astype(dt)
+    d_v = matmul("bkgts,bkgtd->bksd", probs.astype(dt), d_out, v.dtype)
+    d_probs = matmul("bkgtd,bksd->bkgts", d_out, v, jnp.float32)
+    row = jnp.sum(d_out.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+    d_logits = (probs * (d_probs - row) * scale).astype(dt)
+    d_q = matmul("bkgts,bksd->bkgtd", d_logits, k, q.dtype)
+    d_k = matmul("bkgts,bkgtd->bksd", d_logits, q, k.dtype)
+    return d_q, d_k, d_v, None
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
