@@ -72,6 +72,7 @@ def get_config(arg: str = ""):
     config.rollout.top_k = 0  # top-k sampling (0 = off)
     config.rollout.max_cache_len = 768  # KV-cache slots per row: prompt (padded to 2^k) + turns + observations
     config.rollout.search = True  # False: single turn, no tool (Dr.Free's proposer)
+    config.rollout.session_rows = 0  # rows per generation session (0 = all rows of a call in one)
 
     config.reward_fn = "exact_match"  # loop.REWARD_FNS: exact_match (Search-R1) | f1
     config.eval_reward_fn = "exact_match"  # reward reported by evaluation (EM, as the papers' tables)

@@ -91,6 +91,7 @@ def get_config(arg: str = "qwen2.5-7b"):
     config.rollout.top_k = 0  # no top-k truncation
     config.rollout.max_cache_len = 6656  # prompt bucket (<= 2048) + 5 x 500 generated + 4 x 512 retrieved (bucketed)
     config.rollout.search = True  # the search tool is on
+    config.rollout.session_rows = 0  # rows per generation session over all processes (0 = the whole step)
 
     config.reward_fn = "exact_match"  # loop.REWARD_FNS: Search-R1's EM outcome reward
     config.eval_reward_fn = "exact_match"  # evaluation reports EM

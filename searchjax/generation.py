@@ -240,10 +240,10 @@ def _gather_rows(rows: list, seed: int = 0) -> list[tuple[list, int]]:
     return out
 
 
-def _process_row_keys(seeds: list[tuple[int, int]], batch: int, mesh: Mesh, rules):
+def _process_row_keys(seeds: list[tuple[int, int]], batch: int, mesh: Mesh, rules, first_row: int = 0):
     """[batch] keys of a global batch: each process's (seed, rows) block keyed like a one-process session of
-    its rows (`sampling.row_keys(seed, rows)`); padding rows (which never sample) get zeros."""
-    blocks = [np.asarray(jax.random.key_data(sampling.row_keys(s, n))) for s, n in seeds if n]
+    its rows (`sampling.row_keys(seed, rows, first_row)`); padding rows (which never sample) get zeros."""
+    blocks = [np.asarray(jax.random.key_data(sampling.row_keys(s, n, first_row))) for s, n in seeds if n]
     data = np.concatenate(blocks)
     data = np.concatenate([data, np.zeros((batch - len(data),) + data.shape[1:], data.dtype)])
     rows = sharding.batch_sharding(mesh, rules, ndim=1).spec[0]
@@ -253,11 +253,13 @@ def _process_row_keys(seeds: list[tuple[int, int]], batch: int, mesh: Mesh, rule
 
 def start(model, params, prompt_ids: Sequence[Sequence[int]], *, max_cache_len: int, tokenizer=None,
           seed: int = 0, logits_fn: Optional[LogitsFn] = None, eos_token_ids: Optional[Sequence[int]] = None,
-          mesh: Optional[Mesh] = None, rules=None) -> GenerationSession:
+          mesh: Optional[Mesh] = None, rules=None, first_row: int = 0) -> GenerationSession:
     """Prefill the prompts into a fresh cache of max_cache_len slots; returns a session ready to decode.
 
     eos_token_ids default: model.config.eos_token_ids followed by tokenizer.eos_token_ids (deduplicated).
     mesh default: the mesh the params are sharded on (searchjax.sharding.mesh_of), else none.
+    first_row: the number of this session's first row (its sampling key, `sampling.row_keys`), for a batch
+    split into sessions (the same on every process of a mesh that spans processes).
     """
     if model is None and logits_fn is None:
         raise ValueError("start: give a model, a logits_fn, or both")
@@ -309,8 +311,8 @@ def start(model, params, prompt_ids: Sequence[Sequence[int]], *, max_cache_len: 
         tokens[b, :len(p)] = p
     lengths = np.asarray([len(p) for p in prompts], np.int32)
     done = np.arange(batch) >= total
-    keys = (_process_row_keys(seeds, batch, mesh, rules) if spans
-            else _batch_input(sampling.row_keys(seed, batch), mesh, rules))
+    keys = (_process_row_keys(seeds, batch, mesh, rules, first_row) if spans
+            else _batch_input(sampling.row_keys(seed, batch, first_row), mesh, rules))
     state = decode_steps.prefill(params, _batch_input(prompt_block, mesh, rules), _batch_input(prompt_mask, mesh, rules),
                      _batch_input(tokens, mesh, rules), _batch_input(lengths, mesh, rules),
                      _batch_input(done, mesh, rules), keys, model=model, logits_fn=logits_fn, cache_len=cache_len,

@@ -54,9 +54,11 @@ def sampling_mode(temperature: float, top_p: float, top_k: int) -> SamplingMode:
     return SamplingMode(greedy=False, top_k=int(top_k), nucleus=top_p < 1.0)
 
 
-def row_keys(seed: int, num_rows: int) -> jax.Array:
-    """[B] typed PRNG keys: fold_in(key(seed), row)."""
-    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), jnp.arange(num_rows))
+def row_keys(seed: int, num_rows: int, first_row: int = 0) -> jax.Array:
+    """[B] typed PRNG keys: fold_in(key(seed), row) for rows first_row .. first_row + B - 1 (a rollout split
+    into sessions numbers its rows across them, so each row samples as it would in one session)."""
+    rows = first_row + jnp.arange(num_rows)
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), rows)
 
 
 def nucleus_mask(logits: jax.Array, top_p: jax.Array) -> jax.Array:

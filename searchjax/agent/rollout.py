@@ -51,7 +51,11 @@ Decisions (each one is what the code does; tests/rollout checks them):
   reused per-source indices, so groups of different datasets collided); duplicates raise.
 * Capacity: the cache holds the padded prompt, every turn's full token budget and every append block
   (`generation.append_bucket(max_obs_tokens)`: the next power of two >= 16); `required_cache_len` computes it
-  and `rollout` raises before decoding anything when `max_cache_len` is smaller.
+  and `rollout` raises before decoding anything when `max_cache_len` is smaller. `session_rows` > 0 rolls the
+  rows out in consecutive sessions of whole groups (`sessions`), each with its own cache, so that one
+  session's cache must fit, not the step's (the papers' 2,560-4,096 rows x 6,144 slots do not fit a pod slice
+  at once: docs/compile_check.md); a row keeps its sampling key (`first_row`), so the trajectories are those
+  of one session.
 * Failures as metrics: every trajectory counts its `retrieval_errors`, `invalid_actions` and
   `truncated_observations`; `failure_metrics(trajectories)` sums them into a step's metrics (with the rates
   the trainer checks against `config.max_failure_rate`) and `trajectory_counters(t)` is what a trajectory dump
@@ -83,13 +87,12 @@ import numpy as np
 
 from searchjax import distributed, generation, sharding
 from searchjax.agent import protocol
+from searchjax.agent.observations import TRUNCATION_MARKER, ObservationCodec, decode_many, encode_many  # noqa: F401
 from searchjax.eval.metrics import count_duplicate_queries, count_searches, is_valid_answer
 from searchjax.rewards.qa import ANSWER_CLOSE, extract_answer
 
 log = logging.getLogger(__name__)
 
-# Appended (before `</information>`) to an observation cut to max_obs_tokens.
-TRUNCATION_MARKER = " ... [truncated]"
 # The observation every search of a turn gets when the retriever call fails.
 RETRIEVAL_ERROR_OBSERVATION = protocol.information_block("The search engine failed; no documents were retrieved.")
 
@@ -122,6 +125,10 @@ class RolloutConfig:
     top_k: int = 0  # top-k sampling (0 = off)
     max_cache_len: int = 6144  # KV-cache slots per row: prompt + every turn + every observation
     search: bool = True  # False: a single turn, no tool
+    # Rows per generation session, summed over processes (0 = every row of the call in one session): a step's
+    # rows are rolled out in consecutive sessions of at most this many rows (whole groups, at least one), so
+    # one session's KV cache, not the step's, must fit (docs/compile_check.md). Row r samples as in one session.
+    session_rows: int = 0
 
 
 @dataclasses.dataclass
@@ -170,8 +177,9 @@ def check_rollout_config(cfg: RolloutConfig) -> None:
     for name in ("group_size", "max_new_tokens_per_turn", "max_obs_tokens", "topk", "max_cache_len"):
         if int(getattr(cfg, name)) < 1:
             raise ValueError(f"RolloutConfig.{name}={getattr(cfg, name)!r} must be >= 1")
-    if cfg.max_turns < 0:
-        raise ValueError(f"RolloutConfig.max_turns={cfg.max_turns!r} must be >= 0")
+    if cfg.max_turns < 0 or cfg.session_rows < 0:
+        raise ValueError(f"RolloutConfig: max_turns={cfg.max_turns!r} and session_rows={cfg.session_rows!r} must be "
+                         ">= 0")
     if cfg.temperature < 0 or not 0 < cfg.top_p <= 1 or cfg.top_k < 0:
         raise ValueError(f"RolloutConfig: temperature={cfg.temperature} must be >= 0, top_p={cfg.top_p} in (0, 1], "
                          f"top_k={cfg.top_k} >= 0")
@@ -191,31 +199,6 @@ def check_prompts(prompts: Sequence[Prompt]) -> None:
 
 
 # ------------------------------------------------------------------------------------- host-side helpers
-
-def _rust_tokenizer(tokenizer):
-    """The Rust tokenizer behind a searchjax Tokenizer when its own encode/decode add nothing to it (no clean-up
-    of tokenization spaces), else None. Its batch calls run on every core outside the GIL."""
-    from searchjax.tokenization import Tokenizer
-    if isinstance(tokenizer, Tokenizer) and not tokenizer.hf.clean_up_tokenization_spaces:
-        return tokenizer.hf.backend_tokenizer
-    return None
-
-
-def encode_many(tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    """[tokenizer.encode(t) for t in texts], in one batch call when the tokenizer has a Rust backend."""
-    backend = _rust_tokenizer(tokenizer)
-    if backend is None or not texts:
-        return [tokenizer.encode(t) for t in texts]
-    return [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
-
-
-def decode_many(tokenizer, sequences: Sequence[Sequence[int]]) -> list[str]:
-    """[tokenizer.decode(ids) for ids in sequences], in one batch call when the tokenizer has a Rust backend."""
-    backend = _rust_tokenizer(tokenizer)
-    if backend is None or not sequences:
-        return [tokenizer.decode(ids) for ids in sequences]
-    return backend.decode_batch([list(ids) for ids in sequences], skip_special_tokens=False)
-
 
 def process_seed(seed: int) -> int:
     """The seed this process samples with: `seed` itself on one process, else a draw from fold_in(key(seed),
@@ -273,66 +256,6 @@ def failure_metrics(trajectories: Sequence) -> dict[str, float]:
     return out
 
 
-# ------------------------------------------------------------------------------------------- observations
-
-@dataclasses.dataclass(frozen=True)
-class ObservationCodec:
-    """Encodes observations to at most `budget` tokens (module docstring, "Observations"). Public: the SFT
-    demonstrations (searchjax/data/demonstrations.py) encode their observations with it, token for token as the
-    rollout does."""
-
-    tokenizer: object
-    budget: int
-    head: str  # "\n\n<information>": the information block's wrapper, taken from the protocol itself
-    tail: str  # "</information>\n\n"
-    info_head: tuple  # ids of head
-    info_tail: tuple  # ids of TRUNCATION_MARKER + tail
-    marker: tuple  # ids of TRUNCATION_MARKER
-
-    @classmethod
-    def build(cls, tokenizer, budget: int) -> "ObservationCodec":
-        head, tail = protocol.information_block("\0").split("\0")
-        codec = cls(tokenizer, budget, head, tail, tuple(tokenizer.encode(head)),
-                    tuple(tokenizer.encode(TRUNCATION_MARKER + tail)), tuple(tokenizer.encode(TRUNCATION_MARKER)))
-        minimum = len(codec.info_head) + len(codec.info_tail) + 1
-        if budget < minimum:
-            raise ValueError(f"RolloutConfig.max_obs_tokens={budget} cannot hold a truncated information block "
-                             f"(wrapper and marker take {minimum - 1} tokens); use at least {minimum}")
-        return codec
-
-    def _cut(self, body_ids: list, room: int) -> list:
-        """The first <= room body tokens, backing off (<= 3 tokens) so the cut ends a whole UTF-8 character."""
-        room = max(room, 0)
-        for k in range(room, max(room - 4, 0), -1):
-            try:
-                b"".join(self.tokenizer.token_bytes(t) for t in body_ids[:k]).decode("utf-8")
-                return body_ids[:k]
-            except UnicodeDecodeError:
-                continue
-        return body_ids[:room]
-
-    def encode(self, text: str, *, information: bool) -> tuple[list[int], bool]:
-        """(token ids, truncated?) of an observation; `information`: text is an information block."""
-        return self.encode_many([text], information=information)[0]
-
-    def encode_many(self, texts: Sequence[str], *, information: bool) -> list[tuple[list[int], bool]]:
-        """`encode` of each text; each distinct text is tokenised once, all in one batch call (two when some
-        information blocks are truncated: their bodies are re-encoded alone)."""
-        distinct = list(dict.fromkeys(texts))
-        encoded = dict(zip(distinct, encode_many(self.tokenizer, distinct)))
-        long = [t for t in distinct if len(encoded[t]) > self.budget]
-        if information and long:
-            bodies = encode_many(self.tokenizer, [t[len(self.head):len(t) - len(self.tail)] for t in long])
-            room = self.budget - len(self.info_head) - len(self.info_tail)
-            out = {t: (list(self.info_head) + self._cut(body, room) + list(self.info_tail), True)
-                   for t, body in zip(long, bodies)}
-        else:
-            out = {t: (self._cut(encoded[t], self.budget - len(self.marker)) + list(self.marker), True) for t in long}
-        for t in distinct:
-            out.setdefault(t, (encoded[t], False))
-        return [(list(out[t][0]), out[t][1]) for t in texts]
-
-
 def search_turn(retriever, queries: list[str], topk: int) -> tuple[Optional[list], Optional[str]]:
     """(one hit list per query, None) or (None, error description); never raises an Exception."""
     try:
@@ -385,11 +308,36 @@ def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg:
     list[list[hit]]` (unused with cfg.search=False). seed: sampling seed (row r samples with
     fold_in(key(process_seed(seed)), r)). logits_fn: optional stand-in for the model's next-token logits (see
     searchjax.generation), for scripted tests and the scale rehearsal. timings: a dict that gets the seconds
-    of each phase added (module docstring).
+    of each phase added (module docstring). cfg.session_rows > 0 splits the rows into sessions (`sessions`).
     """
+    import jax
     check_rollout_config(cfg)
     check_prompts(prompts)
-    prompts = list(prompts)
+    prompts, spans = list(prompts), sharding.spans_processes(sharding.mesh_of(params))
+    per_session = sessions(len(prompts), cfg, jax.process_count() if spans else 1)
+    count = -(-len(prompts) // per_session)
+    if spans and len(set(distributed.allgather(np.asarray([count])).reshape(-1).tolist())) > 1:
+        raise ValueError(f"rollout: RolloutConfig.session_rows={cfg.session_rows} splits the processes' prompts into "
+                         "different numbers of sessions; give every process the same number of prompts")
+    trajectories = []
+    for first in range(0, len(prompts), per_session):
+        trajectories += _rollout_session(model, params, tokenizer, retriever, prompts[first:first + per_session], cfg,
+                                         seed=seed, first_row=first * cfg.group_size, logits_fn=logits_fn,
+                                         timings=timings)
+    return trajectories
+
+
+def sessions(num_prompts: int, cfg: RolloutConfig, processes: int = 1) -> int:
+    """Prompts per generation session on one process: all of them, or with cfg.session_rows > 0 as many whole
+    groups as fit in session_rows / processes rows (at least one group)."""
+    if not cfg.session_rows:
+        return max(1, num_prompts)
+    return max(1, cfg.session_rows // processes // cfg.group_size)
+
+
+def _rollout_session(model, params, tokenizer, retriever, prompts: list, cfg: RolloutConfig, *, seed: int,
+                     first_row: int, logits_fn, timings) -> list[Trajectory]:
+    """One generation session: the loop of the module docstring over these prompts' rows."""
     with timed(timings, "tokenize"):
         prompt_ids = encode_many(tokenizer, [protocol.build_prompt(p.question, tokenizer) for p in prompts])
     rows = [(i, g) for i in range(len(prompts)) for g in range(cfg.group_size)]
@@ -411,7 +359,7 @@ def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg:
 
     with timed(timings, "generate"):
         session = generation.start(model, params, row_prompts, max_cache_len=cfg.max_cache_len, tokenizer=tokenizer,
-                                   seed=process_seed(seed), logits_fn=logits_fn)
+                                   seed=process_seed(seed), logits_fn=logits_fn, first_row=first_row)
     state = [RowState() for _ in rows]
     for turn in range(searching_turns + 1):
         final = turn == searching_turns

@@ -133,7 +133,8 @@ def project(config, mesh, programs: list[compiler.Program], chip: roofline.Chip)
         model_cfg = p.static["model"].config
         for turn, window in enumerate(progs.decode_turn_windows(config, mesh)):
             cost = roofline.decode_step_cost(model_cfg, progs._layout(mesh), rows=s["B"], window=window)
-            rows.append({"name": f"decode t{turn} W={window}", "cost": cost, "calls": s["steps"], "chips": p.chips})
+            rows.append({"name": f"decode t{turn} W={window}", "cost": cost, "calls": s["sessions"] * s["steps"],
+                         "chips": p.chips})
     return roofline.project_step(rows, chip, mesh.size)
 
 

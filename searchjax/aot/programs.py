@@ -10,18 +10,19 @@ fits here fits in the run):
 
 * update: [M, b, T] with b = batch.micro_batch_size, M = mini_batch_size / b, T = the largest prompt bucket
   + the largest response bucket, LM head on the response bucket (`batching.loss_columns`);
-* log-probs: [b, T], the same tail; rollout: B = prompts_per_step x group_size rows padded as
-  `generation.start` pads them (the batch shard count times a power of two), prompt width
-  `generation.prompt_bucket` of the largest prompt bucket or the largest power of two the cache leaves room
-  for (`agent.rollout.required_cache_len`), cache `rollout.max_cache_len`, decode window =
-  the whole cache (the last turn's worst case), append width `generation.append_bucket(max_obs_tokens)`;
+* log-probs: [b, T], the same tail; rollout: B = the rows of one generation session (prompts_per_step x
+  group_size, or whole groups of at most rollout.session_rows) padded as `generation.start` pads them (the
+  batch shard count times a power of two), prompt width `generation.prompt_bucket` of the largest prompt
+  bucket or the largest power of two the cache leaves room for (`agent.rollout.required_cache_len`), cache
+  `rollout.max_cache_len`, decode window = the whole cache (the last turn's worst case), append width
+  `generation.append_bucket(max_obs_tokens)`;
 * information gain: `scoring.answer_logliks`' packing at `information_gain.max_length` (the rows
   `max_tokens_per_call` allows, padded to the batch shards) and a 16-token answer bucket.
 
-Calls per RL step (upper bounds): update rows / mini_batch_size x epochs; each log-prob pass rows / b;
-prefill 1; decode (max_turns + 1) x max_new_tokens_per_turn steps (every row running every turn to its
-budget); append max_turns; information gain ceil(prompts x 7 contexts / rows per call) (a 3-hop chain has 7:
-full, closed book, source, retrieval, 3 hops).
+Calls per RL step (upper bounds): update rows / mini_batch_size x epochs; each log-prob pass rows / b; prefill
+once per session; decode (max_turns + 1) x max_new_tokens_per_turn steps per session (every row running every
+turn to its budget); append max_turns per session; information gain ceil(prompts x 7 contexts / rows per call)
+(a 3-hop chain has 7: full, closed book, source, retrieval, 3 hops).
 """
 
 from __future__ import annotations
@@ -146,8 +147,13 @@ def rollout_shapes(config, mesh) -> dict:
     from searchjax.sharding import batch_shard_count
     r = config.rollout
     rows = config.prompts_per_step * r.group_size
+    # One generation session holds whole groups of at most rollout.session_rows rows (agent.rollout.sessions).
+    session_rows = r.get("session_rows", 0)
+    per_session = rows if not session_rows else max(1, session_rows // r.group_size) * r.group_size
+    session = min(rows, per_session)
+    sessions = -(-rows // session)
     shards = batch_shard_count(mesh)
-    B = shards * (1 << max(0, -(-rows // shards) - 1).bit_length())  # generation.start's batch padding
+    B = shards * (1 << max(0, -(-session // shards) - 1).bit_length())  # generation.start's batch padding
     S = int(r.max_cache_len)
     turns = r.max_turns if r.search else 0
     A = generation.append_bucket(r.max_obs_tokens)
@@ -157,8 +163,8 @@ def rollout_shapes(config, mesh) -> dict:
         raise ValueError(f"config.rollout.max_cache_len={S} leaves no room for a prompt: {turns + 1} turns of "
                          f"{r.max_new_tokens_per_turn} tokens and {turns} appends of {A} slots take {S - room}")
     P = min(generation.prompt_bucket([[0] * max(config.batch.prompt_buckets)]), 1 << (room.bit_length() - 1))
-    return {"rows": rows, "B": B, "P": P, "S": S, "A": A, "turns": turns, "steps": r.max_new_tokens_per_turn,
-            "prompt_room": room}
+    return {"rows": rows, "session_rows": session, "sessions": sessions, "B": B, "P": P, "S": S, "A": A,
+            "turns": turns, "steps": r.max_new_tokens_per_turn, "prompt_room": room}
 
 
 def rollout_programs(config, model, mesh) -> list[Program]:
@@ -184,7 +190,9 @@ def rollout_programs(config, model, mesh) -> list[Program]:
                       roofline.forward_cost(cfg, layout, rows=B, tokens=P, pairs_per_row=P * S, head_columns=1,
                                             weight_dtype=cfg.param_dtype, kv_read_bytes=kv_full,
                                             kv_write_bytes=kv_full),
-                      1, mesh.size, shapes=f"[B={B} ({s['rows']} rows), P={P}] into a {S}-slot cache",
+                      s["sessions"], mesh.size,
+                      shapes=f"[B={B} ({s['session_rows']} rows, {s['sessions']} session(s)), P={P}] into a "
+                             f"{S}-slot cache",
                       trips=f"layers {cfg.num_layers}")
     out = prefill.jitted.lower(*prefill.args, **prefill.static).out_info
     replicated = NamedSharding(mesh, PartitionSpec())
@@ -207,7 +215,8 @@ def rollout_programs(config, model, mesh) -> list[Program]:
     decode = Program("decode", decode_steps.decode_loop, decode_args,
                      dict(static, mode=sampling.sampling_mode(r.temperature, r.top_p, r.top_k),
                           eos_token_ids=tuple(cfg.eos_token_ids), window=S),
-                     roofline.decode_step_cost(cfg, layout, rows=B, window=S), (s["turns"] + 1) * s["steps"],
+                     roofline.decode_step_cost(cfg, layout, rows=B, window=S),
+                     s["sessions"] * (s["turns"] + 1) * s["steps"],
                      mesh.size, shapes=f"one step of [B={B}] over a {S}-slot window, stop table "
                                        f"{table.next_state.shape}", trips=f"decode steps, layers {cfg.num_layers}")
     programs = [prefill, decode]
@@ -218,7 +227,8 @@ def rollout_programs(config, model, mesh) -> list[Program]:
             static, roofline.forward_cost(cfg, layout, rows=B, tokens=A, pairs_per_row=A * S, head_columns=1,
                                           weight_dtype=cfg.param_dtype, kv_read_bytes=kv_full,
                                           kv_write_bytes=kv_full),
-            s["turns"], mesh.size, shapes=f"[B={B}, A={A}] into the {S}-slot cache", trips=f"layers {cfg.num_layers}"))
+            s["sessions"] * s["turns"], mesh.size, shapes=f"[B={B}, A={A}] into the {S}-slot cache",
+            trips=f"layers {cfg.num_layers}"))
     return programs
 
 

@@ -150,6 +150,23 @@ def test_tiny_model_compiles_every_program(devices):
     assert cache.index.sharding.spec == PartitionSpec()
 
 
+def test_sessions_bound_the_rollout_batch(devices):
+    """rollout.session_rows: the rollout programs are compiled for one session's rows, called once per session."""
+    config = sibling(SEARCH_R1, "search_r1").get_config("qwen2.5-3b")  # 512 questions x 5 rollouts
+    mesh = compiler.mesh_from_config(config.mesh, devices)  # 4 batch shards
+    whole = programs.rollout_shapes(config, mesh)
+    assert (whole["B"], whole["session_rows"], whole["sessions"]) == (4096, 2560, 1)  # 2,560 padded to 4 x 2^10
+    config.rollout.session_rows = 1024
+    split = programs.rollout_shapes(config, mesh)
+    assert (split["B"], split["session_rows"], split["sessions"]) == (1024, 1020, 3)  # 204 whole groups of 5
+    tiny = _tiny(config)  # 4 questions x 2 rollouts; sessions of one question
+    tiny.rollout.session_rows = 3
+    ids_arg = {"prefill": 1, "append": 2}  # the [B, ...] token ids among each program's arguments
+    calls = {p.name: (p.calls, p.args[ids_arg[p.name]].shape[0] if p.name in ids_arg else None)
+             for p in programs.rollout_programs(tiny, Transformer(get_preset("tiny-qwen2")), mesh)}
+    assert calls == {"prefill": (4, 4), "decode": (4 * 2 * 8, None), "append": (4 * 1, 4)}  # 2 rows pad to 4 shards
+
+
 def test_information_gain_and_embedder_programs_compile(devices):
     config = _tiny(sibling(str(ROOT / "configs" / "drfree.py"), "drfree").get_config("qwen2.5-3b-instruct"))
     config.information_gain.max_length, config.information_gain.max_tokens_per_call = 64, 256
