@@ -135,9 +135,12 @@ def _rollout_seconds(model, params, batch: int, turns: int, decode_tokens: int, 
 
 def _matmul_only_step_seconds(model, params, batch: int, iters: int) -> float:
     """Median seconds of a decode step's matrix products alone, at `batch` rows: every layer's q/k/v/o and
-    MLP kernels and the LM head applied to a [batch, ...] activation in the same layer scan, nothing else
-    (no attention over the cache, norms, RoPE or sampling). XLA's own ceiling for a decode step on this CPU."""
+    MLP kernels and the LM head applied to a [batch, ...] activation, nothing else (no attention over the
+    cache, norms, RoPE or sampling). XLA's own ceiling for a decode step on this CPU. The weights are the
+    per-layer trees our CPU decode step reads (decode_steps.layer_weights, made once outside the timing): a
+    scan over the stacked weights would copy each layer's slice every step, and that ceiling would flatter us."""
     import jax.numpy as jnp
+    from searchjax.decode_steps import layer_weights
     from searchjax.models import lm_head_weight
     from searchjax.models.kernels import matmul
     config = model.config
@@ -152,12 +155,15 @@ def _matmul_only_step_seconds(model, params, batch: int, iters: int) -> float:
         return matmul("bf,fh->bh", gated, mlp["down_proj"]["kernel"]) * 1e-3, None
 
     @jax.jit
-    def step(params, x):
-        x, _ = jax.lax.scan(layer, x, params["layers"])
-        return matmul("bh,hv->bv", x, lm_head_weight(params, config), jnp.float32)
+    def step(layers, head, x):
+        for weights in layers:
+            x, _ = layer(x, weights)
+        return matmul("bh,hv->bv", x, head, jnp.float32)
 
+    layers = jax.block_until_ready(jax.jit(lambda p: layer_weights(p, config))(params))
+    head = lm_head_weight(params, config).astype(config.compute_dtype)
     x = jnp.full((batch, config.hidden_size), 1e-2, config.compute_dtype)
-    _, median = _median_time(lambda: jax.block_until_ready(step(params, x)), max(iters, 10))
+    _, median = _median_time(lambda: jax.block_until_ready(step(layers, head, x)), max(iters, 10))
     return median
 
 
