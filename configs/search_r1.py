@@ -91,7 +91,10 @@ def get_config(arg: str = "qwen2.5-7b"):
     config.rollout.top_k = 0  # no top-k truncation
     config.rollout.max_cache_len = 6656  # prompt bucket (<= 2048) + 5 x 500 generated + 4 x 512 retrieved (bucketed)
     config.rollout.search = True  # the search tool is on
-    config.rollout.session_rows = 0  # rows per generation session over all processes (0 = the whole step)
+    # Rows per generation session over all processes (0 = the whole step). The whole step's 2,560 (EviBack 4,096)
+    # rows x 6,656 slots do not fit a v5p:2x4x4 or v5e:16x16 slice; sessions of 1,024 rows do, for Qwen2.5-3B/7B
+    # and Qwen3-0.6B (docs/compile_check.md, "Rollouts in sessions").
+    config.rollout.session_rows = 1024
 
     config.reward_fn = "exact_match"  # loop.REWARD_FNS: Search-R1's EM outcome reward
     config.eval_reward_fn = "exact_match"  # evaluation reports EM

@@ -298,7 +298,9 @@ def run(config, rcfg, *, workdir: Optional[str] = None, log: Callable[[str], Non
         tokenizer = load_tokenizer(resolve_model_path(rcfg.tokenizer))
         corpus = default_corpus()
         r = config.rollout
-        rollout_cfg = RolloutConfig(**dict(r.to_dict(), temperature=0.0))  # greedy: the script decides anyway
+        # Greedy: the script decides anyway. One session: the host loop is rehearsed at the step's whole batch
+        # (its worst case; sessions only shrink it), and the script numbers the rows across that batch.
+        rollout_cfg = RolloutConfig(**dict(r.to_dict(), temperature=0.0, session_rows=0))
         open_close = max(len(tokenizer.encode(a)) + len(tokenizer.encode(b))
                          for a, b in (("<search>", " </search>"), ("<answer>", " </answer>")))
         prompts = rehearsal_prompts(config.prompts_per_step, corpus, tokenizer, r.max_new_tokens_per_turn - 1 - open_close)

@@ -154,10 +154,11 @@ def test_sessions_bound_the_rollout_batch(devices):
     """rollout.session_rows: the rollout programs are compiled for one session's rows, called once per session."""
     config = sibling(SEARCH_R1, "search_r1").get_config("qwen2.5-3b")  # 512 questions x 5 rollouts
     mesh = compiler.mesh_from_config(config.mesh, devices)  # 4 batch shards
+    assert config.rollout.session_rows == 1024  # the config's: what fits v5p:2x4x4 and v5e:16x16
+    split = programs.rollout_shapes(config, mesh)
+    config.rollout.session_rows = 0
     whole = programs.rollout_shapes(config, mesh)
     assert (whole["B"], whole["session_rows"], whole["sessions"]) == (4096, 2560, 1)  # 2,560 padded to 4 x 2^10
-    config.rollout.session_rows = 1024
-    split = programs.rollout_shapes(config, mesh)
     assert (split["B"], split["session_rows"], split["sessions"]) == (1024, 1020, 3)  # 204 whole groups of 5
     tiny = _tiny(config)  # 4 questions x 2 rollouts; sessions of one question
     tiny.rollout.session_rows = 3
