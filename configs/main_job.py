@@ -71,7 +71,11 @@ def main_section(arms=("grpo",)):
     main.demo_questions = DEMO_QUESTIONS  # train questions to build demonstrations for (0 = all 5,270)
     main.demo_seed = 0  # which train questions (a seeded draw: the split is stored in article order)
     main.warm_start = ""  # an existing warm start (HF dir, a main job's <workdir>/warm_start) instead of stage 2
-    main.arms = tuple(arms)  # GRPO runs from the warm start: "grpo" and/or "control" (shuffled retrieval)
+    # GRPO runs from the warm start: "grpo", "control" (shuffled retrieval), or a gold-free reward's name
+    # (main_job.REWARD_ARMS: ccs, rlif, ttrl, constitutional_judge; configs/experiments/gold_free_default.py)
+    main.arms = tuple(arms)
+    main.arm_fields = ml_collections.ConfigDict()  # per-arm overrides: arm_fields.<arm>.<section>.<field> = value
+    main.baseline = "warm_start"  # the table's paired EM differences are against this system (or an arm)
     main.dev_questions = 0  # > 0: the arms' dev evaluations use this many random dev questions (0 = data.eval as is)
     main.control_seed = 0  # seed of the control's question substitution (searchjax/experiment/shuffled_retrieval.py)
     main.eval_sets = ("default_qa:test", "default")  # default QA test split (100) and the 75 FanOutQA questions

@@ -20,7 +20,11 @@ that a long run can train one arm at a time with --config.main.arms):
    config.main.arms, in <workdir>/<arm>/, starting from the warm start (model.path = it, so the KL
    reference is the warm-started policy): "grpo" as configured; "control" identical except that retrieval
    returns the passages of another training question (searchjax/experiment/shuffled_retrieval.py; its
-   in-training dev evaluations see that retrieval too). With config.main.dev_questions > 0 the arms' dev
+   in-training dev evaluations see that retrieval too); an arm named after a gold-free reward (REWARD_ARMS:
+   "ccs", "rlif", "ttrl", "constitutional_judge") identical except that it trains with that reward
+   (reward_fn = the arm; its sections, e.g. config.ccs and config.reconstructor, must be in the config).
+   config.main.arm_fields[arm] overrides fields of one arm (e.g. TTRL's data.train: the paper trains it on
+   the evaluation set's own questions, labels unused). With config.main.dev_questions > 0 the arms' dev
    evaluations (config.eval.every) use that many dev questions drawn at random (<workdir>/dev_sample.jsonl).
    A SIGTERM ends the arm's current step, saves a checkpoint and stops the job with status 0; --resume
    continues the arm exactly.
@@ -29,9 +33,10 @@ that a long run can train one arm at a time with --config.main.arms):
    retriever and the training rollout's limits: <workdir>/eval/<system>/predictions_<set>.jsonl (the records
    of searchjax.eval.benchmarks) and summary_<set>.json (an arm trained further since is evaluated again).
 5. the table: systems x sets with n, EM, F1, valid-answer rate, mean searches and the EM difference against
-   the warm start with its paired bootstrap 95% interval (searchjax.eval.stats), printed and written to
-   <workdir>/table.md; and <workdir>/report/ (searchjax.eval.report: report.md with EM / F1 tables and
-   intervals, report.json, PNG bars and, with arms, the training curves of config.main.curve_metrics).
+   config.main.baseline (the warm start, or an arm) with its paired bootstrap 95% interval
+   (searchjax.eval.stats), printed and written to <workdir>/table.md; and <workdir>/report/
+   (searchjax.eval.report: report.md with EM / F1 tables and intervals, report.json, PNG bars and, with arms,
+   the training curves of config.main.curve_metrics).
 
 <workdir>/timings.json records each stage's wall and CPU seconds (this process and its children) and the peak
 resident memory. Bad input ends with one line naming the field or file; --verbose adds the traceback.
@@ -49,7 +54,12 @@ import resource
 import shutil
 import time
 
-ARMS = ("grpo", "control")
+# An arm named after a reward of the loop's table trains with it, gold-free (CCS and its baselines); evaluation
+# still reports EM (config.eval_reward_fn).
+REWARD_ARMS = ("ccs", "rlif", "ttrl", "constitutional_judge")
+ARMS = ("grpo", "control", *REWARD_ARMS)
+REWARD_SECTIONS = {"ccs": ("ccs", "reconstructor", "embedder", "ner"), "rlif": ("rlif",),
+                   "constitutional_judge": ("cj", "cj_judge")}  # what each reward's builder reads
 # config.main fields a resume may change: which arms this invocation trains and reports (a long run is done one
 # arm at a time), and how the table is computed. Everything else must match (run_dir.config_changes).
 RESUME_SAFE_MAIN_FIELDS = ("main.arms", "main.eval_batch_size", "main.bootstrap_resamples", "main.curve_metrics")
@@ -97,6 +107,17 @@ def check_main_config(config) -> None:
     unknown = [a for a in m.arms if a not in ARMS]
     if unknown or len(set(m.arms)) != len(m.arms):
         raise ValueError(f"config.main.arms={tuple(m.arms)!r}: expected distinct names from {ARMS}")
+    for arm in m.arm_fields:
+        if arm not in m.arms:
+            raise ValueError(f"config.main.arm_fields.{arm}: {arm!r} is not one of config.main.arms {tuple(m.arms)}")
+    for arm in m.arms:
+        missing = [f"config.{name}" for name in REWARD_SECTIONS.get(arm, ()) if name not in config]
+        if missing:
+            raise ValueError(f"config.main.arms has {arm!r}, whose reward needs {', '.join(missing)} "
+                             "(configs/experiments/gold_free_default.py adds them from configs/ccs.py)")
+    names = ("warm_start", *m.arms)
+    if m.baseline not in names:
+        raise ValueError(f"config.main.baseline={m.baseline!r}: expected one of {names}")
     if not m.eval_sets:
         raise ValueError("config.main.eval_sets is empty: name at least one evaluation set")
     for field in ("demo_questions", "dev_questions", "untrained_limit", "eval_limit"):
@@ -210,7 +231,21 @@ def arm_config(config, arm: str, warm_dir: pathlib.Path):
     cfg.sft.demonstrations, cfg.sft.steps = "", 0
     cfg.arm = arm
     cfg.control_seed = config.main.control_seed if arm == "control" else -1
+    if arm in REWARD_ARMS:
+        cfg.reward_fn = arm
+    override_fields(cfg, config.main.arm_fields.get(arm, {}), f"config.main.arm_fields.{arm}")
     return cfg
+
+
+def override_fields(cfg, fields, where: str) -> None:
+    """Set nested `fields` ({"data": {"train": ...}}) in cfg; a field cfg does not have is an error naming it."""
+    for key, value in (fields.items() if fields else ()):
+        if key not in cfg:
+            raise ValueError(f"{where}.{key}: the arm's config has no field {key!r}")
+        if hasattr(value, "items") and hasattr(cfg[key], "items"):
+            override_fields(cfg[key], value, f"{where}.{key}")
+        else:
+            cfg[key] = value
 
 
 def dev_sample(config, workdir: pathlib.Path) -> str:
@@ -310,17 +345,18 @@ def evaluate_system(config, workdir: pathlib.Path, name: str, path: str, limit: 
 def main_table(config, workdir: pathlib.Path, names: list[str]) -> str:
     """The systems x sets table (module docstring, stage 5) from the predictions files."""
     from searchjax.eval import benchmarks, stats
-    header = ["set", "system"] + [t for _, t in TABLE_COLUMNS] + ["EM - warm start [95% CI]"]
+    baseline = config.main.baseline
+    header = ["set", "system"] + [t for _, t in TABLE_COLUMNS] + [f"EM - {baseline} [95% CI]"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for spec in config.main.eval_sets:
         tag = set_tag(spec)
         records = {n: benchmarks.read_predictions(workdir / "eval" / n / f"predictions_{tag}.jsonl") for n in names}
-        base = {r["id"]: r["em"] for r in records["warm_start"]}
+        base = {r["id"]: r["em"] for r in records[baseline]}
         for name in names:
             row = benchmarks.summary_rows(records[name])[-1]
             cells = [tag, name] + [str(row[k]) if k == "n" else f"{row[k]:.3f}" for k, _ in TABLE_COLUMNS]
             common = [r for r in records[name] if r["id"] in base]
-            if name == "warm_start" or not common:
+            if name == baseline or not common:
                 cells.append("–")
             else:
                 diff, low, high = stats.paired_bootstrap_ci([r["em"] for r in common], [base[r["id"]] for r in common],
@@ -343,7 +379,8 @@ def write_tables(config, workdir: pathlib.Path, names: list[str]) -> str:
     logged = [{k for row in report.read_metrics(r) for k in row} for r in runs]
     curves = [m for m in config.main.curve_metrics if all(m in keys for keys in logged)]
     report.write_report([str(workdir / "eval" / n) for n in names], workdir / "report", names=names,
-                        baseline="warm_start", run_dirs=runs if curves else [], run_names=list(config.main.arms),
+                        baseline=config.main.baseline, run_dirs=runs if curves else [],
+                        run_names=list(config.main.arms),
                         curve_metrics=curves, resamples=config.main.bootstrap_resamples)
     return table
 

@@ -47,8 +47,10 @@ def job_config(model_dir):
     config.prompts_per_step, config.rollout.group_size = 2, 2
     config.batch.update(mini_batch_size=4, micro_batch_size=4)
     config.eval.update(every=1, num_prompts=4)  # 4 rows, as the step's rollouts: the same compiled sampler
-    config.main.update(arms=("grpo", "control"), eval_limit=8, untrained_limit=2, eval_batch_size=16,
-                       bootstrap_resamples=200)
+    config.main.update(arms=("grpo", "control", "ttrl"), eval_limit=8, untrained_limit=2, eval_batch_size=16,
+                       bootstrap_resamples=200, baseline="grpo")
+    # A gold-free arm, trained as TTRL is in the paper: on an evaluation set's questions (main_job.REWARD_ARMS)
+    config.main.arm_fields.ttrl = {"data": {"train": "default_qa:test"}}
     config.logging.update(progress_bar=False, trajectories_per_step=-1)
     return config
 
@@ -103,7 +105,7 @@ def test_main_job_pipeline_on_a_tiny_model(tiny_model_dir, tmp_path, capsys):
                 for line in (workdir / "eval" / name / f"predictions_{tag}.jsonl").read_text().splitlines()]
     untrained = trajectories("untrained")
     assert len(untrained) == 4 and not any(opening.match(t) for t in untrained), untrained
-    for name in ("warm_start", "grpo", "control"):
+    for name in ("warm_start", "grpo", "control", "ttrl"):
         texts = trajectories(name)
         assert len(texts) == 16 and np.mean([bool(opening.match(t)) for t in texts]) >= 0.5, (name, texts)
 
@@ -118,14 +120,29 @@ def test_main_job_pipeline_on_a_tiny_model(tiny_model_dir, tmp_path, capsys):
         for query, ids in pairs:
             assert ([h.id for h in real.search([query], config.rollout.topk)[0]] == ids) == same, (arm, query)
 
-    # 5. the table, the report, the timings
+    # the ttrl arm trained with its own reward on the test split's questions (labels unused), everything else equal
+    from searchjax.data.qa_datasets import load_benchmark
+    from searchjax.rewards.ttrl import ttrl_rewards
+    test_questions = {p.question for p in load_benchmark("default_qa:test")}
+    rows = [json.loads(line) for line in (workdir / "ttrl" / "metrics.jsonl").read_text().splitlines()]
+    grpo_rows = [json.loads(line) for line in (workdir / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert "reward/ttrl/majority_fraction" in rows[0] and "reward/ttrl/majority_fraction" not in grpo_rows[0]
+    dumped = [json.loads(line) for line in (workdir / "ttrl" / "trajectories" / "step_000001.jsonl").read_text().splitlines()]
+    assert {d["question"] for d in dumped} <= test_questions
+    for uid in {d["uid"] for d in dumped}:  # the logged rewards are the majority-vote rewards of each group
+        group = sorted((d for d in dumped if d["uid"] == uid), key=lambda d: d["sample_index"])
+        np.testing.assert_allclose([d["reward"] for d in group], ttrl_rewards([d["answer"] for d in group]))
+
+    # 5. the table (EM differences against the grpo arm), the report, the timings
     assert (workdir / "table.md").read_text().strip() == table and table in capsys.readouterr().out
     lines = table.splitlines()
-    assert len(lines) == 2 + 2 * 4  # header, rule, 2 sets x (untrained, warm_start, grpo, control)
-    assert [line.split(" | ")[1] for line in lines[2:6]] == ["untrained", "warm_start", "grpo", "control"]
+    assert len(lines) == 2 + 2 * 5  # header, rule, 2 sets x (untrained, warm_start, grpo, control, ttrl)
+    assert lines[0].endswith("| EM - grpo [95% CI] |")
+    assert [line.split(" | ")[1] for line in lines[2:7]] == ["untrained", "warm_start", "grpo", "control", "ttrl"]
+    assert lines[4].split(" | ")[-1] == "– |" and lines[3].split(" | ")[-1] != "– |"
     for name in ("report.md", "report.json", "benchmarks_em.png", "training_curves.png"):
         assert (workdir / "report" / name).stat().st_size > 0
-    assert {"demonstrations", "warm_start", "arm_grpo", "arm_control", "eval_untrained", "table"} <= \
+    assert {"demonstrations", "warm_start", "arm_grpo", "arm_control", "arm_ttrl", "eval_untrained", "table"} <= \
         set(json.loads((workdir / "timings.json").read_text()))
 
     # --resume: everything is done, nothing is recomputed (the predictions keep their bytes); a fresh start refuses
@@ -166,3 +183,34 @@ def test_shuffled_retrieval_substitutes_another_question_deterministically():
     assert [ShuffledRetriever(_EchoRetriever(), pool, seed=4).substitute(q) for q in pool] != substitutes
     with pytest.raises(ValueError, match="two distinct questions"):
         ShuffledRetriever(_EchoRetriever(), ["same?", "SAME? "])
+
+
+def test_reward_arms_and_their_config_errors():
+    """configs/experiments/gold_free_default.py: each reward arm trains with its reward and nothing else changes;
+    a missing reward section, an override of a field or arm that does not exist, or an unknown baseline is one
+    clear error before anything loads."""
+    import pathlib
+    from searchjax.experiment import main_job
+    config = load_config_module("experiments/gold_free_default").get_config()
+    main_job.check_main_config(config)
+    warm = pathlib.Path("/nonexistent/warm_start")
+    base = main_job.arm_config(config, "grpo", warm).to_dict()
+    for arm in config.main.arms:
+        cfg = main_job.arm_config(config, arm, warm).to_dict()
+        differs = {k for k in base if cfg[k] != base[k]}
+        expected = ({"arm", "reward_fn"} if arm != "grpo" else set()) | ({"data"} if arm == "ttrl" else set())
+        assert differs == expected, (arm, differs)
+        assert cfg["reward_fn"] == ("exact_match" if arm == "grpo" else arm) and cfg["model"]["path"] == str(warm)
+    assert main_job.arm_config(config, "ttrl", warm).data.train == "default_qa:test"
+
+    def fails(change, match):
+        broken = load_config_module("experiments/gold_free_default").get_config()
+        change(broken)
+        with pytest.raises(ValueError, match=match):
+            main_job.check_main_config(broken)
+            main_job.arm_config(broken, "ttrl", warm)
+    fails(lambda c: c.__delitem__("cj_judge"), r"'constitutional_judge', whose reward needs config\.cj_judge")
+    fails(lambda c: c.main.update(baseline="best"), r"config\.main\.baseline='best'")
+    fails(lambda c: c.main.arm_fields.update({"control": {}}), r"arm_fields\.control: 'control' is not one of")
+    fails(lambda c: c.main.arm_fields.ttrl.data.update({"trian": "x"}), r"arm_fields\.ttrl\.data\.trian")
+    fails(lambda c: c.main.update(arms=("grpo", "best_of_n")), r"expected distinct names from")
