@@ -205,8 +205,8 @@ def get_config(arg: str = ""):
     # Paper: a 30,000-token context cap. The cache holds the worst case instead (module docstring, "The context
     # cap"): prompt (<= 512) + 5 turns x 512 + 4 observation blocks of 8,192 = 35,840 slots.
     config.rollout.max_cache_len = 35840
-    # Sessions of 256 rows: prefill and decode of Qwen2.5-7B at 35,840 slots fit v5p:2x4x4 (31 / 32 GiB of 95);
-    # the append of an 8,192-token observation does not yet (280 G of attention temporaries: docs/compile_check.md).
+    # Sessions of 256 rows: prefill, decode and the append of an 8,192-token observation of Qwen2.5-7B at 35,840
+    # slots fit v5p:2x4x4 (31 / 32 / 51 GiB of 95; docs/compile_check.md, "Rollouts in sessions").
     config.rollout.session_rows = 256
     config.batch.mini_batch_size = 256 * 5  # paper: mini-batch 256 questions x 5 rollouts
     config.batch.micro_batch_size = 64  # paper: micro-batch 64

@@ -85,7 +85,7 @@ _low_precision_matmul.defvjp(_low_precision_matmul_fwd, _low_precision_matmul_bw
 
 
 def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, scale: float, *,
-                      causal_blocks: int = 1) -> jax.Array:
+                      causal_blocks: int = 1, query_block: int = 0) -> jax.Array:
     """softmax(scale * q k^T, masked) v with K key/value heads shared by groups of G = N / K query heads.
 
     q [B, T, N, D]; k, v [B, S, K, D]; mask [B, 1, T, S] bool (every query must see at least one slot).
@@ -103,12 +103,25 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     causal_blocks > 1 (no cache: T == S and the mask hides every slot s > t from query t) splits the queries
     into that many equal blocks and gives block i only the keys [0, (i + 1) T / blocks): the products skip the
     blocks above the diagonal (10 of 16 computed at 4 blocks); the result is the same.
+    query_block > 0 (a block written into a cache: T queries over S slots) runs the queries in consecutive
+    blocks of that many, one after another (`lax.map`), so that the [B, N, T, S] float32 logits never exist
+    whole: an 8,192-token observation appended to a 35,840-slot cache would otherwise need 1.1 GB per row and
+    kv head. T must be a multiple of query_block; the result is the same.
     """
     B, T, N, D = q.shape
     K = k.shape[2]
     q = q.reshape(B, T, K, N // K, D).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
     k, v, mask = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask[:, :, None]
-    if causal_blocks == 1:
+    if query_block and T > query_block:
+        if T % query_block or causal_blocks != 1:
+            raise ValueError(f"grouped_attention: query_block={query_block} needs T={T} divisible by it and no "
+                             f"causal_blocks (got {causal_blocks})")
+        n = T // query_block
+        blocks_q = q.reshape(B, K, N // K, n, query_block, D).transpose(3, 0, 1, 2, 4, 5)
+        blocks_mask = mask.reshape(*mask.shape[:3], n, query_block, mask.shape[-1]).transpose(3, 0, 1, 2, 4, 5)
+        out = jax.lax.map(lambda qm: _attention(qm[0], k, v, qm[1], scale), (blocks_q, blocks_mask))
+        out = out.transpose(1, 2, 3, 0, 4, 5).reshape(B, K, N // K, T, D)
+    elif causal_blocks == 1:
         out = _attention(q, k, v, mask, scale)
     else:
         if T != k.shape[2] or T % causal_blocks:

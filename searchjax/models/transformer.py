@@ -261,7 +261,9 @@ class Attention(nn.Module):
         if cfg.attention_impl is None:
             # without a cache the mask is causal over T == S slots: skip the blocks above the diagonal
             blocks = causal_blocks(x.shape[1]) if layer_cache is None else 1
-            out = grouped_attention(q, k, v, attn_mask, D ** -0.5, causal_blocks=blocks)
+            # into a cache: long blocks (a prompt, an observation) attend in query blocks (memory, not speed)
+            query_block = cache_query_block(x.shape[1]) if layer_cache is not None else 0
+            out = grouped_attention(q, k, v, attn_mask, D ** -0.5, causal_blocks=blocks, query_block=query_block)
         else:
             out = jax.nn.dot_product_attention(q, k, v, mask=attn_mask, scale=D ** -0.5,
                                                implementation=cfg.attention_impl)
@@ -313,6 +315,15 @@ class DecoderLayer(nn.Module):
 def _remat_policy(name: str):
     return {"full": None, "dots_saveable": jax.checkpoint_policies.dots_saveable,
             "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[name]
+
+
+CACHE_QUERY_BLOCK = 512  # queries per attention block when a block of more is written into a cache
+
+
+def cache_query_block(T: int) -> int:
+    """The query block of a T-token block written into a cache: CACHE_QUERY_BLOCK when it divides T and T is
+    longer (prefill buckets and append blocks are powers of two), else 0 (one block)."""
+    return CACHE_QUERY_BLOCK if T > CACHE_QUERY_BLOCK and T % CACHE_QUERY_BLOCK == 0 else 0
 
 
 def causal_blocks(T: int, block: int = 128, most: int = 4) -> int:

@@ -90,3 +90,27 @@ def test_left_padding_does_not_change_a_row(tiny_loaded, padded_batch):
     padded = _full_forward(model, params, ids, mask)[2, 7:]
     alone = _full_forward(model, params, ids[2:, 7:], mask[2:, 7:])[0]
     np.testing.assert_allclose(padded, alone, rtol=0, atol=ATOL)
+
+
+def test_a_long_block_into_the_cache_attends_in_query_blocks(tiny_loaded, padded_batch, monkeypatch):
+    """A block longer than CACHE_QUERY_BLOCK written into a cache runs its queries in blocks (bounded memory for
+    long prompts and observations): the logits equal the no-cache forward's, and the kernel's blocked result
+    equals its one-block result."""
+    from searchjax.models import kernels, transformer
+    model, params = tiny_loaded["tiny-llama"]
+    ids, mask = padded_batch
+    reference = _full_forward(model, params, ids, mask)
+    monkeypatch.setattr(transformer, "CACHE_QUERY_BLOCK", 4)  # 12 tokens: 3 blocks of 4
+    assert transformer.cache_query_block(12) == 4 and transformer.cache_query_block(10) == 0
+    positions = positions_from_mask(jnp.asarray(mask))
+    cache = init_cache(model.config, ids.shape[0], 16, jnp.float32)
+    # traced afresh (not the module's jitted helper, which may hold a trace made with the real block size)
+    logits, cache = model.apply({"params": params}, jnp.asarray(ids), positions, jnp.asarray(mask), cache)
+    np.testing.assert_allclose(np.asarray(logits)[mask], reference[mask], rtol=0, atol=ATOL)
+    rng = np.random.default_rng(2)
+    q, k, v = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((2, 8, 4, 8), (2, 20, 2, 8), (2, 20, 2, 8)))
+    slots = jnp.asarray(rng.random((2, 1, 8, 20)) < 0.7).at[..., 0].set(True)  # every query sees a slot
+    one = kernels.grouped_attention(q, k, v, slots, 0.3)
+    np.testing.assert_allclose(kernels.grouped_attention(q, k, v, slots, 0.3, query_block=2), one, atol=1e-6)
+    with pytest.raises(ValueError, match="query_block=3 needs T=8 divisible"):
+        kernels.grouped_attention(q, k, v, slots, 0.3, query_block=3)
