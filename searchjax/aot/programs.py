@@ -145,13 +145,12 @@ def rollout_shapes(config, mesh) -> dict:
     """Rows B, prompt width P, cache S and append width A of the rollout (see the module docstring)."""
     from searchjax import generation
     from searchjax.sharding import batch_shard_count
+    from searchjax.agent import rollout
     r = config.rollout
     rows = config.prompts_per_step * r.group_size
-    # One generation session holds whole groups of at most rollout.session_rows rows (agent.rollout.sessions).
-    session_rows = r.get("session_rows", 0)
-    per_session = rows if not session_rows else max(1, session_rows // r.group_size) * r.group_size
-    session = min(rows, per_session)
-    sessions = -(-rows // session)
+    # One generation session holds whole groups of at most rollout.session_rows rows, as the rollout splits them.
+    prompts = rollout.sessions(config.prompts_per_step, rollout.RolloutConfig(**r.to_dict()))
+    session = min(config.prompts_per_step, prompts) * r.group_size
     shards = batch_shard_count(mesh)
     B = shards * (1 << max(0, -(-session // shards) - 1).bit_length())  # generation.start's batch padding
     S = int(r.max_cache_len)
@@ -163,7 +162,7 @@ def rollout_shapes(config, mesh) -> dict:
         raise ValueError(f"config.rollout.max_cache_len={S} leaves no room for a prompt: {turns + 1} turns of "
                          f"{r.max_new_tokens_per_turn} tokens and {turns} appends of {A} slots take {S - room}")
     P = min(generation.prompt_bucket([[0] * max(config.batch.prompt_buckets)]), 1 << (room.bit_length() - 1))
-    return {"rows": rows, "session_rows": session, "sessions": sessions, "B": B, "P": P, "S": S, "A": A,
+    return {"rows": rows, "session_rows": session, "sessions": -(-rows // session), "B": B, "P": P, "S": S, "A": A,
             "turns": turns, "steps": r.max_new_tokens_per_turn, "prompt_room": room}
 
 
