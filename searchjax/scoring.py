@@ -75,7 +75,8 @@ def target_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
         vocab_chunk = V if math.prod(targets.shape) * V * 4 <= SINGLE_PASS_LOGITS_BYTES else VOCAB_CHUNK
     n_chunks = max(1, math.ceil(V / vocab_chunk))
     if n_chunks == 1:
-        z = matmul("bth,hv->btv", hidden, lm_head.astype(hidden.dtype), jnp.float32) / temperature
+        z = shd.constrain(matmul("bth,hv->btv", hidden, lm_head.astype(hidden.dtype), jnp.float32),
+                      ("batch", "seq", "vocab")) / temperature
         picked = jnp.take_along_axis(z, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
         return picked - jax.nn.logsumexp(z, axis=-1)
     width = math.ceil(V / n_chunks)
@@ -90,7 +91,9 @@ def target_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
     def body(k, carry):
         m, s, picked = carry
         chunk = jax.lax.dynamic_index_in_dim(w, k, axis=2, keepdims=False).astype(hidden.dtype)  # [H, C]
-        z = matmul("bth,hc->btc", hidden, chunk, jnp.float32) / temperature
+        # Pinned over the rows (and the tensor axis): contracted over the fsdp-split hidden dimension, GSPMD
+        # otherwise keeps each chunk's logits whole on every chip (see `sharding.activation_sharding`).
+        z = shd.constrain(matmul("bth,hc->btc", hidden, chunk, jnp.float32), ("batch", "seq", "vocab")) / temperature
         ids = column + k  # [C]
         if padded != V:
             z = jnp.where(ids < V, z, -jnp.inf)
@@ -120,7 +123,7 @@ def tail_logprobs(model, params, input_ids: jax.Array, attention_mask: jax.Array
         raise ValueError(f"tail={tail} must be in [1, T-1] for input_ids of length T={T}")
     mask = attention_mask.astype(bool)
     hidden, _ = model.apply({"params": params}, input_ids, positions_from_mask(mask), mask, return_hidden=True)
-    hidden = hidden[:, T - 1 - tail:T - 1]  # states that predict the last `tail` tokens
+    hidden = shd.constrain(hidden[:, T - 1 - tail:T - 1], ("batch", "seq", "embed"))  # predict the last `tail` tokens
     logp = target_logprobs(hidden, lm_head_weight(params, model.config), input_ids[:, T - tail:],
                            temperature=temperature, vocab_chunk=vocab_chunk)
     valid = mask[:, T - 1 - tail:T - 1] & mask[:, T - tail:]
@@ -128,11 +131,12 @@ def tail_logprobs(model, params, input_ids: jax.Array, attention_mask: jax.Array
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted_tail_logprobs(mesh):
-    """One jitted scorer per mesh (None = default device): the output is replicated on the mesh, so every
-    process can read it whole (it is small: [B, tail] float32)."""
+def _jitted_tail_logprobs(mesh, rules=None):
+    """One jitted scorer per (mesh, rules) (mesh None = default device), activations pinned by the rules:
+    the output is replicated on the mesh, so every process can read it whole (it is small: [B, tail] float32)."""
     out = shd.replicated(mesh) if mesh is not None else None
-    return jax.jit(tail_logprobs, static_argnames=("model", "tail", "vocab_chunk"), out_shardings=out)
+    return jax.jit(shd.with_activation_sharding(tail_logprobs, mesh, rules),
+                   static_argnames=("model", "tail", "vocab_chunk"), out_shardings=out)
 
 
 def _place(x: np.ndarray, mesh, rules) -> Any:
@@ -146,7 +150,7 @@ def _place(x: np.ndarray, mesh, rules) -> Any:
 def _score_padded(model, params, ids: np.ndarray, mask: np.ndarray, temperature, tail: int, vocab_chunk: int | None,
                   rules) -> jax.Array:
     mesh = shd.mesh_of(params)
-    fn = _jitted_tail_logprobs(mesh)
+    fn = _jitted_tail_logprobs(mesh, rules)
     temperature = jnp.asarray(temperature, jnp.float32)
     return fn(model, params, _place(ids, mesh, rules), _place(mask, mesh, rules), temperature, tail=tail,
               vocab_chunk=vocab_chunk)

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from flax.core import FrozenDict
 
 from searchjax.models.kernels import grouped_attention, matmul, swiglu
+from searchjax.sharding import constrain
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
@@ -304,7 +305,7 @@ class DecoderLayer(nn.Module):
     def __call__(self, x, layer_cache, cos, sin, attn_mask, cache_index):
         cfg = self.config
         pdt = cfg.weight_dtype
-        x = nn.with_logical_constraint(x, ("batch", "seq", "embed"))
+        x = constrain(x, ("batch", "seq", "embed"))
         h, new_cache = Attention(cfg, name="attn")(RMSNorm(cfg.rms_norm_eps, "embed", pdt, name="attn_norm")(x),
                                                     layer_cache, cos, sin, attn_mask, cache_index)
         x = x + h
@@ -396,7 +397,7 @@ class Transformer(nn.Module):
         else:
             logits = Projection("bth,hv->btv", (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), dtype=dt,
                                 param_dtype=pdt, out_dtype=jnp.float32, name="lm_head")(x)
-        logits = nn.with_logical_constraint(logits, ("batch", "seq", "vocab"))
+        logits = constrain(logits, ("batch", "seq", "vocab"))
         return logits, new_cache
 
 

@@ -51,6 +51,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from searchjax.rl import losses
+from searchjax.sharding import with_activation_sharding
 
 LOSS_KINDS = ("policy", "sft")
 OPTIMIZERS = ("adamw", "sgd")
@@ -235,6 +236,7 @@ def make_logprob_fn(model, temperature: float, *, mesh: Mesh | None = None, rule
     if mesh is None:
         return jax.jit(fn, static_argnums=3)
     rows = batch_rows_sharding(mesh, rules, stacked=False)
+    fn = with_activation_sharding(fn, mesh, rules)
     return jax.jit(fn, in_shardings=(param_shardings, rows, rows), out_shardings=rows, static_argnums=3)
 
 
@@ -362,7 +364,7 @@ def make_train_step(model, cfg: LossConfig, optim: OptimConfig, *, mesh: Mesh | 
     else:
         scalar = NamedSharding(mesh, PartitionSpec())
         no_ref = shardings.replace(ref_params=None)
-        jitted = jax.jit(fn, in_shardings=(no_ref, batch_rows_sharding(mesh, rules, stacked=True)),
+        jitted = jax.jit(with_activation_sharding(fn, mesh, rules), in_shardings=(no_ref, batch_rows_sharding(mesh, rules, stacked=True)),
                          out_shardings=(no_ref, scalar), donate_argnums=0, static_argnums=2)
 
     def step(state: TrainState, batch: dict, tail: int | None = None) -> tuple[TrainState, dict]:

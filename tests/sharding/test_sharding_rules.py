@@ -5,8 +5,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from searchjax.models import ModelConfig, param_shardings
-from searchjax.sharding import (ShardingRules, batch_shard_count, batch_sharding, flax_axis_rules, logical_to_spec,
-                                make_mesh)
+from searchjax.sharding import (ShardingRules, activation_sharding, activation_spec, batch_shard_count, batch_sharding,
+                                constrain, flax_axis_rules, logical_to_spec, make_mesh)
 
 
 def test_logical_to_spec_default_rules():
@@ -72,3 +72,30 @@ def test_indivisible_dimensions_replicate_with_a_warning_or_raise():
     assert shardings["embed"]["embedding"].spec == P("tensor", "fsdp")  # 100 % 4 == 0
     with pytest.raises(ValueError, match="not divisible by mesh axes tensor"):
         param_shardings(config, mesh, indivisible="raise")
+
+
+@pytest.mark.parametrize("rules", [ShardingRules(), ShardingRules(batch="data", embed=None, mlp=("fsdp", "tensor")),
+                                   ShardingRules(seq="tensor", vocab=("fsdp", "tensor"))])
+def test_activation_spec_follows_flax_precedence(rules):
+    """Reference: Flax's own logical_to_mesh_axes over the same rules, for every activation layout the code pins."""
+    from flax.linen import logical_to_mesh_axes
+    mesh = make_mesh(2, 2, 2)
+    for axes in [("batch", "seq", "embed"), ("batch", "seq", "vocab"), ("batch", "seq"), ("seq", "batch", "mlp"),
+                 ("embed", "vocab"), (None, "batch", None)]:
+        shape = (8,) * len(axes)
+        assert activation_spec(axes, shape, mesh, rules) == logical_to_mesh_axes(axes, flax_axis_rules(rules)), axes
+    with pytest.raises(ValueError, match="unknown logical axes"):
+        activation_spec(("batch", "rows"), (8, 8), mesh)
+
+
+def test_activation_spec_replicates_indivisible_dimensions_and_constrain_is_a_no_op_outside():
+    mesh = make_mesh(2, 2, 2)
+    assert activation_spec(("batch", "seq", "vocab"), (4, 3, 5), mesh) == P(("data", "fsdp"), None, None)
+    assert activation_spec(("batch", "seq", "vocab"), (6, 3, 8), mesh) == P(None, None, "tensor")  # 6 % 4
+    x = jax.numpy.ones((4, 3, 8))
+    assert constrain(x, ("batch", "seq", "vocab")) is x  # no activation_sharding context
+    with activation_sharding(mesh):
+        text = jax.jit(lambda y: constrain(y, ("batch", "seq", "vocab")) * 2).lower(x).as_text()
+    assert '[{"data", "fsdp"}, {}, {"tensor"}]' in text
+    with activation_sharding(None):
+        assert constrain(x, ("batch",)) is x
