@@ -103,36 +103,42 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     causal_blocks > 1 (no cache: T == S and the mask hides every slot s > t from query t) splits the queries
     into that many equal blocks and gives block i only the keys [0, (i + 1) T / blocks): the products skip the
     blocks above the diagonal (10 of 16 computed at 4 blocks); the result is the same.
-    query_block > 0 (a block written into a cache: T queries over S slots) runs the queries in consecutive
-    blocks of that many, one after another (`lax.map`), so that the [B, N, T, S] float32 logits never exist
-    whole: an 8,192-token observation appended to a 35,840-slot cache would otherwise need 1.1 GB per row and
-    kv head. T must be a multiple of query_block; the result is the same.
+    query_block > 0 runs the queries (of the whole block, or of each causal block) in consecutive blocks of
+    that many, one after another (`lax.map`), so that the [B, N, T, S] float32 logits never exist whole: an
+    8,192-token observation appended to a 35,840-slot cache would otherwise need 1.1 GB per row and kv head,
+    and a causal block of CCS's 37,376-token update 1.4 GB per row and head. The queries it splits must be a
+    multiple of query_block; the result is the same.
     """
     B, T, N, D = q.shape
     K = k.shape[2]
     q = q.reshape(B, T, K, N // K, D).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, D]
     k, v, mask = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask[:, :, None]
-    if query_block and T > query_block:
-        if T % query_block or causal_blocks != 1:
-            raise ValueError(f"grouped_attention: query_block={query_block} needs T={T} divisible by it and no "
-                             f"causal_blocks (got {causal_blocks})")
-        n = T // query_block
-        blocks_q = q.reshape(B, K, N // K, n, query_block, D).transpose(3, 0, 1, 2, 4, 5)
-        blocks_mask = mask.reshape(*mask.shape[:3], n, query_block, mask.shape[-1]).transpose(3, 0, 1, 2, 4, 5)
-        out = jax.lax.map(lambda qm: _attention(qm[0], k, v, qm[1], scale), (blocks_q, blocks_mask))
-        out = out.transpose(1, 2, 3, 0, 4, 5).reshape(B, K, N // K, T, D)
-    elif causal_blocks == 1:
-        out = _attention(q, k, v, mask, scale)
+    if causal_blocks == 1:
+        out = _query_blocks(q, k, v, mask, scale, query_block)
     else:
         if T != k.shape[2] or T % causal_blocks:
             raise ValueError(f"grouped_attention: causal_blocks={causal_blocks} needs T == S divisible by it, "
                              f"got T={T}, S={k.shape[2]}")
         size = T // causal_blocks
-        out = jnp.concatenate([_attention(q[:, :, :, i * size:(i + 1) * size], k[:, :, :(i + 1) * size],
-                                          v[:, :, :(i + 1) * size],
-                                          mask[..., i * size:(i + 1) * size, :(i + 1) * size], scale)
+        out = jnp.concatenate([_query_blocks(q[:, :, :, i * size:(i + 1) * size], k[:, :, :(i + 1) * size],
+                                             v[:, :, :(i + 1) * size],
+                                             mask[..., i * size:(i + 1) * size, :(i + 1) * size], scale, query_block)
                                for i in range(causal_blocks)], axis=3)
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, N, D)
+
+
+def _query_blocks(q, k, v, mask, scale, query_block: int):
+    """`_attention` of q [B, K, G, T, D] over k/v [B, K, S, D], in blocks of query_block queries (0: one)."""
+    B, K, G, T, D = q.shape
+    if not query_block or T <= query_block:
+        return _attention(q, k, v, mask, scale)
+    if T % query_block:
+        raise ValueError(f"grouped_attention: query_block={query_block} must divide the {T} queries it splits")
+    n = T // query_block
+    blocks_q = q.reshape(B, K, G, n, query_block, D).transpose(3, 0, 1, 2, 4, 5)
+    blocks_mask = mask.reshape(*mask.shape[:3], n, query_block, mask.shape[-1]).transpose(3, 0, 1, 2, 4, 5)
+    out = jax.lax.map(lambda qm: _attention(qm[0], k, v, qm[1], scale), (blocks_q, blocks_mask))
+    return out.transpose(1, 2, 3, 0, 4, 5).reshape(B, K, G, T, D)
 
 
 def _masked_logits(q, k, mask, scale):

@@ -112,5 +112,40 @@ def test_a_long_block_into_the_cache_attends_in_query_blocks(tiny_loaded, padded
     slots = jnp.asarray(rng.random((2, 1, 8, 20)) < 0.7).at[..., 0].set(True)  # every query sees a slot
     one = kernels.grouped_attention(q, k, v, slots, 0.3)
     np.testing.assert_allclose(kernels.grouped_attention(q, k, v, slots, 0.3, query_block=2), one, atol=1e-6)
-    with pytest.raises(ValueError, match="query_block=3 needs T=8 divisible"):
+    with pytest.raises(ValueError, match="query_block=3 must divide the 8 queries"):
         kernels.grouped_attention(q, k, v, slots, 0.3, query_block=3)
+
+
+def test_a_long_forward_attends_each_causal_block_in_query_blocks(tiny_loaded, padded_batch, monkeypatch):
+    """Past LONG_FORWARD tokens the no-cache forward (the update, the log-prob passes) splits each causal block
+    into query blocks: the logits equal the one-block forward's, and the kernel's values and gradients equal
+    the unblocked kernel's."""
+    from searchjax.models import kernels, transformer
+    model, params = tiny_loaded["tiny-llama"]
+    ids, mask = padded_batch  # 12 tokens: 3 causal blocks of 4
+    reference = _full_forward(model, params, ids, mask)
+    monkeypatch.setattr(transformer, "LONG_FORWARD", 8)
+    monkeypatch.setattr(transformer, "CACHE_QUERY_BLOCK", 8)  # tried 8, 4, 2 in turn: 2 divides a block of 4
+    assert transformer.causal_blocks(12, block=4) == 3 and transformer.causal_query_block(12, 3) == 2
+    assert transformer.causal_query_block(8, 2) == 0  # not longer than LONG_FORWARD
+    calls = []
+    original = kernels.grouped_attention
+    monkeypatch.setattr(transformer, "grouped_attention",
+                        lambda *a, **kw: calls.append(kw["query_block"]) or original(*a, **kw))
+    monkeypatch.setattr(transformer, "causal_blocks", lambda T: 3)
+    positions = positions_from_mask(jnp.asarray(mask))
+    logits, _ = model.apply({"params": params}, jnp.asarray(ids), positions, jnp.asarray(mask))
+    assert calls and set(calls) == {2}
+    np.testing.assert_allclose(np.asarray(logits)[mask], reference[mask], rtol=0, atol=ATOL)
+    rng = np.random.default_rng(3)
+    q, k, v = (jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((2, 8, 4, 8), (2, 8, 2, 8), (2, 8, 2, 8)))
+    causal = jnp.tril(jnp.ones((8, 8), bool))[None, None].repeat(2, 0)
+    weights = jnp.asarray(rng.standard_normal((2, 8, 4, 8)), jnp.float32)
+
+    def loss(q, k, v, **kw):
+        return jnp.sum(kernels.grouped_attention(q, k, v, causal, 0.3, **kw) * weights)
+    one = jax.value_and_grad(loss, argnums=(0, 1, 2))(q, k, v)
+    blocked = jax.value_and_grad(functools.partial(loss, causal_blocks=2, query_block=2), argnums=(0, 1, 2))(q, k, v)
+    np.testing.assert_allclose(blocked[0], one[0], rtol=1e-5)
+    for got, want in zip(blocked[1], one[1]):
+        np.testing.assert_allclose(got, want, atol=1e-5)
