@@ -225,4 +225,11 @@ def get_config(arg: str = ""):
         if arg == "ttrl_bamboogle":  # 125 questions: a step must not hold one question twice (group ids)
             config.prompts_per_step = 64
             config.batch.mini_batch_size = 64 * 5
+    if arg == "qwen3-32b":
+        # Qwen3-32B's cache is 9.4 GB per row at 35,840 slots (64 layers x 8 kv heads x 128 x 2 x bf16): sessions of
+        # 32 rows (4 per chip on v5p:2x4x4's 8 batch shards) and one row per chip in the update (37,376 tokens)
+        # fit v5p:2x4x4 at 57-59 GiB of 95 per program (256 rows x 64 per micro-batch: 300 GiB of cache and 337 G
+        # of update temporaries; docs/compile_check.md).
+        config.rollout.session_rows = 32
+        config.batch.micro_batch_size = 8
     return config
