@@ -309,7 +309,9 @@ def test_ccs_config_variants_are_consistent():
                  rollout_cfg.max_turns, rollout_cfg.topk, config.loss.kl_coef, config.loss.clip_low)
         # bamboogle has 125 questions: 64 per step (one mini-batch), else the paper's 512 and 256 x 5
         questions, mini = (64, 64 * 5) if variant == "ttrl_bamboogle" else (512, 256 * 5)
-        assert paper == (300, questions, 5, mini, 64, 512, 8192, 4, 10, 0.01, 0.2), variant
+        # Qwen3-32B: micro-batches of 8 rows (memory only: the loss is the mini-batch's sum over its denominator)
+        micro = 8 if variant == "qwen3-32b" else 64
+        assert paper == (300, questions, 5, mini, micro, 512, 8192, 4, 10, 0.01, 0.2), variant
         assert required_cache_len([[0] * 512], rollout_cfg) == rollout_cfg.max_cache_len == 35840
         assert max(config.batch.response_buckets) >= 5 * 512 + 4 * 8192
         assert config.ccs.prompt == "ccs_reconstructor.v2" and config.optim.warmup_steps < 2 * config.total_steps
