@@ -128,8 +128,9 @@ def run_pair(label: str, spec: str, topology: str, cache: pathlib.Path, first_of
         if chips % tensor:
             break
         config.mesh.tensor = tensor
-        overrides = {**{k: v for k, v in overrides.items() if k != "mesh.tensor"}, "mesh.tensor": tensor,
-                     **batch_fit(config, chips)}
+        # batch_fit from the config's own micro-batch: a micro-batch raised for the smaller tensor is dropped
+        overrides = {**{k: v for k, v in overrides.items() if k not in ("mesh.tensor", "batch.micro_batch_size")},
+                     "mesh.tensor": tensor, **batch_fit(config, chips)}
     return {"label": label, "config": spec, "topology": topology, "attempts": attempts, "complete": True}
 
 
