@@ -76,7 +76,7 @@ def target_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
     n_chunks = max(1, math.ceil(V / vocab_chunk))
     if n_chunks == 1:
         z = shd.constrain(matmul("bth,hv->btv", hidden, lm_head.astype(hidden.dtype), jnp.float32),
-                      ("batch", "seq", "vocab")) / temperature
+                          ("batch", "seq", "vocab")) / temperature
         picked = jnp.take_along_axis(z, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
         return picked - jax.nn.logsumexp(z, axis=-1)
     width = math.ceil(V / n_chunks)

@@ -213,9 +213,9 @@ def mesh_of(tree) -> Mesh | None:
 def flax_axis_rules(rules: ShardingRules | None = None) -> tuple[tuple[str, MeshAxes], ...]:
     """The rules as Flax's ((logical, mesh_axes), ...) list, for `nn.logical_axis_rules(...)` contexts.
 
-    Inside such a context (and a mesh context) the model's `nn.with_logical_constraint` calls pin
-    activation shardings; Flax skips a mesh axis already used by an earlier dimension, so
-    ("batch", "seq", "embed") activations shard over batch only under the default rules.
+    For code that pins activations with Flax's own `nn.with_logical_constraint`; ours uses `constrain`,
+    whose `activation_spec` follows the same precedence (Flax skips a mesh axis already used by an earlier
+    dimension, so ("batch", "seq", "embed") activations shard over batch only under the default rules).
     """
     rules = rules or ShardingRules()
     return tuple((name, getattr(rules, name)) for name in LOGICAL_AXES)

@@ -364,7 +364,8 @@ def make_train_step(model, cfg: LossConfig, optim: OptimConfig, *, mesh: Mesh | 
     else:
         scalar = NamedSharding(mesh, PartitionSpec())
         no_ref = shardings.replace(ref_params=None)
-        jitted = jax.jit(with_activation_sharding(fn, mesh, rules), in_shardings=(no_ref, batch_rows_sharding(mesh, rules, stacked=True)),
+        fn = with_activation_sharding(fn, mesh, rules)
+        jitted = jax.jit(fn, in_shardings=(no_ref, batch_rows_sharding(mesh, rules, stacked=True)),
                          out_shardings=(no_ref, scalar), donate_argnums=0, static_argnums=2)
 
     def step(state: TrainState, batch: dict, tail: int | None = None) -> tuple[TrainState, dict]:
