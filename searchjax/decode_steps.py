@@ -5,18 +5,19 @@ runs on the device. Prefill and append run the model's own forward (`Transformer
 the decode step (`decode_forward`) is its own function over the same parameters and the same maths.
 
 Compilations. Parameters, the state, the budget, temperature, top-p and the stop table are traced
-arguments; the static ones are the model (its config), `logits_fn`, the sampling mode (greedy / top-k
+arguments; the static ones are the model (its config), `logits_fn`, `logits_processor`, the sampling mode (greedy / top-k
 value / nucleus on-off), the EOS ids, the decode window and the mesh. Shapes are bucketed:
   batch B  -> d * 2^k (d = the mesh's batch shard count, 1 without a mesh),
   prompt P -> 2^k >= 8 (only if that leaves no free slot: a multiple of 16, else the exact length),
   append A -> 2^k >= 16 (`append_bucket`; only if that does not fit: a multiple of 16),
-  decode window W -> 2^k >= 16 covering the slots used after the call, capped at S (`decode_window`),
+  window W -> 2^k >= 16 covering the slots used after the call, capped at S (`decode_window`): what decode,
+    prefill and append attend over (slots past it are empty),
   stop-automaton states -> 2^k >= 8, and for `generate` the cache S = P + 2^k >= P + max_new_tokens.
 Bound: for a fixed (B, S), model and mesh, a session compiles prefill once per prompt bucket (<= log2(S) - 2
-of them), append at most log2(S / 16) + 1 times (plus multiples of 16 only when the cache is nearly full),
-and decode at most (log2(S / 16) + 2) times per (sampling mode, stop-state bucket) pair -- one per window.
-A rollout with one sampling setting and one stop set thus compiles at most ~3 log2(S) programs in all
-(S = 2048: <= 9 prefill + 8 append + 9 decode), and every later batch of the same (B, S) reuses them.
+of them; its window is its bucket's), append once per (block bucket, window) pair it meets, and decode at
+most (log2(S / 16) + 2) times per (sampling mode, stop-state bucket) pair -- one per window. A rollout with
+one observation bucket, one sampling setting and one stop set thus compiles at most ~3 log2(S) programs in
+all (S = 2048: <= 9 prefill + 8 append + 9 decode), and every later batch of the same (B, S) reuses them.
 
 Decode step cost. Each step reads every weight once and the window's keys and values once, and writes one
 slot per layer; it copies no weight and no layer's window (a test checks the optimized HLO of the loop
@@ -51,6 +52,7 @@ from searchjax.models.kernels import matmul, swiglu
 RUNNING, EOS, STOP, LENGTH = 0, 1, 2, 3
 
 LogitsFn = Callable[[jax.Array, jax.Array], jax.Array]
+LogitsProcessor = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]  # (logits, tokens, lengths) -> logits
 
 
 
@@ -98,9 +100,10 @@ def constrain_state(state: SamplerState, mesh: Optional[Mesh], rules) -> Sampler
 
 # ------------------------------------------------------------------------------------------ jitted parts
 
-def next_logits(params, model, logits_fn, ids, positions, mask, cache, tokens, lengths):
+def next_logits(params, model, logits_fn, ids, positions, mask, cache, tokens, lengths, logits_processor=None):
     """Feed ids/positions/mask [B, T] (real tokens right-aligned in the block) -> (logits [B, V] f32 for the
-    last column, updated cache). logits_fn, when given, replaces the model's logits."""
+    last column, updated cache). logits_fn, when given, replaces the model's logits; logits_processor, when
+    given, then maps them (`process_logits`)."""
     logits = None
     if model is not None:
         hidden, cache = model.apply({"params": params}, ids, positions, mask, cache=cache, return_hidden=True)
@@ -109,7 +112,16 @@ def next_logits(params, model, logits_fn, ids, positions, mask, cache, tokens, l
         logits = matmul("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head, jnp.float32)
     if logits_fn is not None:
         logits = logits_fn(tokens, lengths).astype(jnp.float32)
-    return logits, cache
+    return process_logits(logits_processor, logits, tokens, lengths), cache
+
+
+def process_logits(logits_processor, logits, tokens, lengths):
+    """logits_processor(logits [B, V] f32, tokens [B, S], lengths [B]) -> [B, V] f32, or logits unchanged when
+    it is None. Unlike `logits_fn` it sees the model's logits, so the LM head stays in the compiled step (a
+    scripted policy that only biases them costs what the policy's own step costs)."""
+    if logits_processor is None:
+        return logits
+    return logits_processor(logits, tokens, lengths).astype(jnp.float32)
 
 
 def layer_weights(params, config) -> list:
@@ -126,17 +138,17 @@ def layer_weights(params, config) -> list:
 
 
 def split_cache(cache: Optional[KVCache], window: int) -> Optional[KVCache]:
-    """The cache's first `window` slots as one heads-major buffer per layer: k, v = tuples of L arrays
-    [B, K, W, D] (copies, once per decode call). Per-layer buffers let each step's products read a layer's
-    window in place and write only the new slot into it (a slice of the stacked [L, ...] cache would be a copy
-    per layer and step); heads-major makes those products plain batched matmuls (`decode_attention`)."""
+    """The cache's first `window` slots as one heads-major buffer per layer: k = a tuple of L arrays [B, K, D, W]
+    (keys slot-minor), v = L arrays [B, K, W, D] (copies, once per decode call). Per-layer buffers let each
+    step's products read a layer's window in place and write only the new slot into it (a slice of the
+    stacked [L, ...] cache would be a copy per layer and step); heads-major makes those products plain batched
+    matmuls, and slot-minor keys make q k^T a [G, D] x [D, W] product (`decode_attention`, "Layout")."""
     if cache is None:
         return None
-
-    def layers(stacked):
-        return tuple(stacked[i, :, :window].transpose(0, 2, 1, 3) for i in range(stacked.shape[0]))
-
-    return KVCache(k=layers(cache.k), v=layers(cache.v), mask=cache.mask[:, :window], index=cache.index)
+    count = cache.k.shape[0]
+    return KVCache(k=tuple(cache.k[i, :, :window].transpose(0, 2, 3, 1) for i in range(count)),
+                   v=tuple(cache.v[i, :, :window].transpose(0, 2, 1, 3) for i in range(count)),
+                   mask=cache.mask[:, :window], index=cache.index)
 
 
 def merge_cache(full: Optional[KVCache], part: Optional[KVCache]) -> Optional[KVCache]:
@@ -146,15 +158,15 @@ def merge_cache(full: Optional[KVCache], part: Optional[KVCache]) -> Optional[KV
         return None
     k, v = full.k, full.v
     for i, (k_layer, v_layer) in enumerate(zip(part.k, part.v)):
-        k = jax.lax.dynamic_update_slice(k, k_layer.transpose(0, 2, 1, 3)[None], (i, 0, 0, 0, 0))
+        k = jax.lax.dynamic_update_slice(k, k_layer.transpose(0, 3, 1, 2)[None], (i, 0, 0, 0, 0))
         v = jax.lax.dynamic_update_slice(v, v_layer.transpose(0, 2, 1, 3)[None], (i, 0, 0, 0, 0))
     return KVCache(k=k, v=v, mask=jax.lax.dynamic_update_slice_in_dim(full.mask, part.mask, 0, axis=1),
                    index=part.index)
 
 
 def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, sin):
-    """One decoder layer for one token per row: x [B, 1, H], windows [B, K, W, D] -> (x, windows with slot
-    `index` written).
+    """One decoder layer for one token per row: x [B, 1, H], windows k [B, K, D, W], v [B, K, W, D] -> (x,
+    windows with slot `index` written).
 
     The same maths as `transformer.DecoderLayer` over a cache (projections through `kernels.matmul` with the
     same casts, RMSNorm via the model's module, RoPE, SwiGLU), but attention is `decode_attention` over the
@@ -182,7 +194,7 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
     # for the reads (2-3 copies per layer and step on XLA:CPU, also with an optimization barrier or with the
     # write first). Per row, so a batch-sharded step needs no communication for it.
     never = (out[:, 0, 0] > jnp.inf)[:, None, None, None]
-    k_window = jax.lax.dynamic_update_slice(k_window, jnp.where(never, 0, k.transpose(0, 2, 1, 3)), (0, 0, index, 0))
+    k_window = jax.lax.dynamic_update_slice(k_window, jnp.where(never, 0, k.transpose(0, 2, 3, 1)), (0, 0, 0, index))
     v_window = jax.lax.dynamic_update_slice(v_window, jnp.where(never, 0, v.transpose(0, 2, 1, 3)), (0, 0, index, 0))
     # as one [B, N * D] x [N * D, H] product: with the two contracted axes (n, d) XLA:CPU chose to transpose the
     # weight to [D, N, H] (a copy per layer and step) rather than order the small activation
@@ -197,7 +209,7 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
 def decode_forward(params, weights, model, token, position, running, cache: KVCache):
     """One token per row (token/position/running [B]) through the model -> (logits [B, V] f32, cache).
 
-    `cache` is `split_cache`'s per-layer form (k, v: L heads-major buffers [B, K, W, D]) and `weights` is
+    `cache` is `split_cache`'s per-layer form (L heads-major buffers, k [B, K, D, W], v [B, K, W, D]) and `weights` is
     `layer_weights`' per-layer list, both made once per decode call. The layers run unrolled (whatever
     config.scan_layers says: that switch is for the full forward; SmolLM2's 30 compile in ~12-16 s here):
     each reads its own weights and window in place, attends over the window read-only plus the token itself
@@ -286,14 +298,18 @@ def unwindow_cache(full: Optional[KVCache], part: Optional[KVCache]) -> Optional
                    mask=jax.lax.dynamic_update_slice_in_dim(full.mask, part.mask, 0, axis=1), index=part.index)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "logits_fn", "cache_len", "mesh", "rules"))
+@functools.partial(jax.jit, static_argnames=("model", "logits_fn", "cache_len", "mesh", "rules", "logits_processor",
+                                             "window"))
 def prefill(params, prompt_ids, prompt_mask, tokens, lengths, done, row_keys, *, model, logits_fn,
-             cache_len, mesh, rules) -> SamplerState:
-    """prompt_ids/prompt_mask [B, P] left-padded; tokens [B, S] the same prompts left-aligned."""
+             cache_len, mesh, rules, logits_processor=None, window=None) -> SamplerState:
+    """prompt_ids/prompt_mask [B, P] left-padded; tokens [B, S] the same prompts left-aligned. The prompts
+    attend over the cache's first `window` slots (>= P; None: all of them), as `append_block`'s blocks do."""
     batch = prompt_ids.shape[0]
-    cache = init_cache(model.config, batch, cache_len) if model is not None else None
+    full = init_cache(model.config, batch, cache_len) if model is not None else None
     logits, cache = next_logits(params, model, logits_fn, prompt_ids, positions_from_mask(prompt_mask),
-                                 prompt_mask, cache, tokens, lengths)
+                                 prompt_mask, window_cache(full, window or cache_len), tokens, lengths,
+                                 logits_processor)
+    cache = unwindow_cache(full, cache)
     zeros = jnp.zeros((batch,), jnp.int32)
     state = SamplerState(cache=cache, tokens=tokens, lengths=lengths,
                          logprobs=jnp.zeros(tokens.shape, jnp.float32), next_logits=logits, done=done,
@@ -303,9 +319,9 @@ def prefill(params, prompt_ids, prompt_mask, tokens, lengths, done, row_keys, *,
 
 
 @functools.partial(jax.jit, static_argnames=("model", "logits_fn", "mode", "eos_token_ids", "window", "mesh",
-                                             "rules"), donate_argnames=("state",))
+                                             "rules", "logits_processor"), donate_argnames=("state",))
 def decode_loop(params, state: SamplerState, budget, temperature, top_p, stop_next_state, stop_match, *, model,
-            logits_fn, mode, eos_token_ids, window, mesh, rules) -> SamplerState:
+            logits_fn, mode, eos_token_ids, window, mesh, rules, logits_processor=None) -> SamplerState:
     """Sample until every row has stopped or `budget` steps ran. One step = sample a token for each running
     row from next_logits, advance its stop automaton, write it, and feed it to get the next logits. The loop
     runs on the cache's first `window` slots (`decode_window`; the host guarantees the call stays inside): on
@@ -345,6 +361,7 @@ def decode_loop(params, state: SamplerState, budget, temperature, top_p, stop_ne
                 logits, cache = decode_forward_stacked(params, model, token, st.lengths, running, st.cache)
         if logits_fn is not None:
             logits = logits_fn(tokens, lengths).astype(jnp.float32)
+        logits = process_logits(logits_processor, logits, tokens, lengths)
         new = st.replace(cache=cache, tokens=tokens, lengths=lengths, logprobs=logprobs,
                          next_logits=jnp.where(running[:, None], logits, st.next_logits),
                          done=st.done | (running & (reason != RUNNING)),
@@ -357,10 +374,16 @@ def decode_loop(params, state: SamplerState, budget, temperature, top_p, stop_ne
     return constrain_state(state.replace(cache=merged), mesh, rules)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "logits_fn", "mesh", "rules"), donate_argnames=("state",))
+@functools.partial(jax.jit, static_argnames=("model", "logits_fn", "mesh", "rules", "logits_processor", "window"),
+                   donate_argnames=("state",))
 def append_block(params, state: SamplerState, block_ids, block_lengths, *, model, logits_fn, mesh,
-            rules) -> SamplerState:
-    """block_ids [B, A] with row b's block_lengths[b] new tokens right-aligned (left padding masked)."""
+            rules, logits_processor=None, window=None) -> SamplerState:
+    """block_ids [B, A] with row b's block_lengths[b] new tokens right-aligned (left padding masked).
+
+    The block attends over the cache's first `window` slots (`decode_window` of the slots used after it; None:
+    all S), sliced out and written back once: slots past them are empty, so the result is the same, but the
+    block's [B, N, A, S] attention logits over the whole cache made an append's cost grow with the cache, not
+    the text (a 512-token observation for 4 rows of SmolLM2 in f32: 4.6 s into 768 slots, 17.1 s into 6,144)."""
     batch, width = state.tokens.shape
     block = block_ids.shape[1]
     column = jnp.arange(block)[None, :]
@@ -372,7 +395,9 @@ def append_block(params, state: SamplerState, block_ids, block_lengths, *, model
     tokens = state.tokens.at[rows, slot].set(block_ids, mode="drop")
     logprobs = state.logprobs.at[rows, slot].set(0.0, mode="drop")
     lengths = state.lengths + block_lengths
-    logits, cache = next_logits(params, model, logits_fn, block_ids, positions, mask, state.cache, tokens, lengths)
+    logits, cache = next_logits(params, model, logits_fn, block_ids, positions, mask,
+                                window_cache(state.cache, window or width), tokens, lengths, logits_processor)
+    cache = unwindow_cache(state.cache, cache)
     resumed = block_lengths > 0
     new = state.replace(cache=cache, tokens=tokens, logprobs=logprobs, lengths=lengths,
                         next_logits=jnp.where(resumed[:, None], logits, state.next_logits),

@@ -39,6 +39,12 @@ next-token logits everywhere (prefill, decode, append) while sampling, stopping 
 are the real ones. With `model=None` no KV cache is kept. Pass the same function object each call: it is
 a static jit argument.
 
+Logits processors. `logits_processor(logits [B, V] f32, tokens [B, S], lengths [B]) -> [B, V]` (`start`'s
+argument, kept by the session) maps the model's next-token logits (or logits_fn's) before sampling, everywhere:
+the model's step, LM head included, runs as it would without it. A scripted policy that biases the logits
+towards a token stream (searchjax/bench/rollout.py) thus costs what a policy's step costs, which a logits_fn,
+whose output replaces the model's and lets XLA drop the head, does not. Also a static jit argument.
+
 Meshes. When the parameters are sharded on a mesh (`searchjax.sharding.mesh_of(params)`, or `mesh=`), the
 batch is padded to a multiple of the batch shard count and every [B, ...] array of the state, including
 the cache, is sharded over the batch mesh axes (`ShardingRules.batch`); GSPMD does the rest.
@@ -68,7 +74,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from searchjax import decode_steps, distributed, sampling, sharding, stop_strings
-from searchjax.decode_steps import EOS, LENGTH, RUNNING, STOP, LogitsFn, SamplerState  # noqa: F401  (public names)
+from searchjax.decode_steps import EOS, LENGTH, RUNNING, STOP, LogitsFn, LogitsProcessor, SamplerState  # noqa: F401
 
 STOP_REASONS = {EOS: "eos", STOP: "stop", LENGTH: "length"}
 
@@ -107,6 +113,7 @@ class GenerationSession:
     rules: object
     row_offset: int = 0  # where this process's rows start in the global batch (0 unless the mesh spans processes)
     live_rows: int = 0  # rows of the global batch that the next decode resumes
+    logits_processor: Optional[LogitsProcessor] = None
 
     @property
     def slots_left(self) -> int:
@@ -253,13 +260,15 @@ def _process_row_keys(seeds: list[tuple[int, int]], batch: int, mesh: Mesh, rule
 
 def start(model, params, prompt_ids: Sequence[Sequence[int]], *, max_cache_len: int, tokenizer=None,
           seed: int = 0, logits_fn: Optional[LogitsFn] = None, eos_token_ids: Optional[Sequence[int]] = None,
-          mesh: Optional[Mesh] = None, rules=None, first_row: int = 0) -> GenerationSession:
+          mesh: Optional[Mesh] = None, rules=None, first_row: int = 0,
+          logits_processor: Optional[LogitsProcessor] = None) -> GenerationSession:
     """Prefill the prompts into a fresh cache of max_cache_len slots; returns a session ready to decode.
 
     eos_token_ids default: model.config.eos_token_ids followed by tokenizer.eos_token_ids (deduplicated).
     mesh default: the mesh the params are sharded on (searchjax.sharding.mesh_of), else none.
     first_row: the number of this session's first row (its sampling key, `sampling.row_keys`), for a batch
     split into sessions (the same on every process of a mesh that spans processes).
+    logits_processor: maps every next-token logits of the session (module docstring, "Logits processors").
     """
     if model is None and logits_fn is None:
         raise ValueError("start: give a model, a logits_fn, or both")
@@ -316,11 +325,12 @@ def start(model, params, prompt_ids: Sequence[Sequence[int]], *, max_cache_len: 
     state = decode_steps.prefill(params, _batch_input(prompt_block, mesh, rules), _batch_input(prompt_mask, mesh, rules),
                      _batch_input(tokens, mesh, rules), _batch_input(lengths, mesh, rules),
                      _batch_input(done, mesh, rules), keys, model=model, logits_fn=logits_fn, cache_len=cache_len,
-                     mesh=mesh, rules=rules)
+                     mesh=mesh, rules=rules, logits_processor=logits_processor,
+                     window=decode_window(width, cache_len) if model is not None else None)
     return GenerationSession(state=state, model=model, params=params, logits_fn=logits_fn, tokenizer=tokenizer,
                              num_rows=num_rows, cache_len=cache_len, slots_used=width,
                              eos_token_ids=eos_token_ids, vocab_size=vocab_size, mesh=mesh, rules=rules,
-                             row_offset=row_offset, live_rows=total)
+                             row_offset=row_offset, live_rows=total, logits_processor=logits_processor)
 
 
 def decode(session: GenerationSession, max_new_tokens: int, *, temperature: float = 0.0, top_p: float = 1.0,
@@ -348,7 +358,7 @@ def decode(session: GenerationSession, max_new_tokens: int, *, temperature: floa
                     eos_token_ids=session.eos_token_ids,
                     window=(decode_window(session.slots_used + max_new_tokens, session.cache_len)
                             if session.model is not None else session.cache_len),  # no cache: one program
-                    mesh=session.mesh, rules=session.rules)
+                    mesh=session.mesh, rules=session.rules, logits_processor=session.logits_processor)
     tokens, logprobs, lengths, turn_start, reasons, steps = _host(
         (state.tokens, state.logprobs, state.lengths, state.turn_start, state.stop_reason, state.step))
     results = [GenerationResult(token_ids=tokens[b, turn_start[b]:lengths[b]].tolist(),
@@ -387,7 +397,10 @@ def append(session: GenerationSession, per_row_tokens: Sequence[Optional[Sequenc
             block_lengths[b] = len(r)
     state = decode_steps.append_block(session.params, state, _batch_input(block, session.mesh, session.rules),
                     _batch_input(block_lengths, session.mesh, session.rules), model=session.model,
-                    logits_fn=session.logits_fn, mesh=session.mesh, rules=session.rules)
+                    logits_fn=session.logits_fn, mesh=session.mesh, rules=session.rules,
+                    logits_processor=session.logits_processor,
+                    window=(decode_window(session.slots_used + width, session.cache_len)
+                            if session.model is not None else None))
     return _successor(session, state, session.slots_used + width, live_rows=sum(1 for r in rows if r))
 
 

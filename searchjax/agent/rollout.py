@@ -300,15 +300,17 @@ class RowState:
 
 
 def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg: RolloutConfig, *, seed: int,
-            logits_fn: Optional[generation.LogitsFn] = None, timings: Optional[dict] = None) -> list[Trajectory]:
+            logits_fn: Optional[generation.LogitsFn] = None, timings: Optional[dict] = None,
+            logits_processor: Optional[generation.LogitsProcessor] = None) -> list[Trajectory]:
     """Roll out cfg.group_size samples of each prompt; returns len(prompts) * group_size trajectories, prompt-major.
 
     model/params: the policy (model may be None when logits_fn is given: no KV cache). tokenizer: a
     searchjax.tokenization.Tokenizer. retriever: anything with `.search(queries: list[str], topk) ->
     list[list[hit]]` (unused with cfg.search=False). seed: sampling seed (row r samples with
     fold_in(key(process_seed(seed)), r)). logits_fn: optional stand-in for the model's next-token logits (see
-    searchjax.generation), for scripted tests and the scale rehearsal. timings: a dict that gets the seconds
-    of each phase added (module docstring). cfg.session_rows > 0 splits the rows into sessions (`sessions`).
+    searchjax.generation), for scripted tests and the scale rehearsal. logits_processor: optional map of the
+    model's logits (searchjax.generation, "Logits processors"; the rollout benchmark's scripted policy).
+    timings: a dict that gets the seconds of each phase added (module docstring). cfg.session_rows > 0 splits the rows into sessions (`sessions`).
     """
     import jax
     check_rollout_config(cfg)
@@ -323,7 +325,7 @@ def rollout(model, params, tokenizer, retriever, prompts: Sequence[Prompt], cfg:
     for first in range(0, len(prompts), per_session):
         trajectories += _rollout_session(model, params, tokenizer, retriever, prompts[first:first + per_session], cfg,
                                          seed=seed, first_row=first * cfg.group_size, logits_fn=logits_fn,
-                                         timings=timings)
+                                         timings=timings, logits_processor=logits_processor)
     return trajectories
 
 
@@ -336,7 +338,7 @@ def sessions(num_prompts: int, cfg: RolloutConfig, processes: int = 1) -> int:
 
 
 def _rollout_session(model, params, tokenizer, retriever, prompts: list, cfg: RolloutConfig, *, seed: int,
-                     first_row: int, logits_fn, timings) -> list[Trajectory]:
+                     first_row: int, logits_fn, timings, logits_processor=None) -> list[Trajectory]:
     """One generation session: the loop of the module docstring over these prompts' rows."""
     with timed(timings, "tokenize"):
         prompt_ids = encode_many(tokenizer, [protocol.build_prompt(p.question, tokenizer) for p in prompts])
@@ -359,7 +361,8 @@ def _rollout_session(model, params, tokenizer, retriever, prompts: list, cfg: Ro
 
     with timed(timings, "generate"):
         session = generation.start(model, params, row_prompts, max_cache_len=cfg.max_cache_len, tokenizer=tokenizer,
-                                   seed=process_seed(seed), logits_fn=logits_fn, first_row=first_row)
+                                   seed=process_seed(seed), logits_fn=logits_fn, first_row=first_row,
+                                   logits_processor=logits_processor)
     state = [RowState() for _ in rows]
     for turn in range(searching_turns + 1):
         final = turn == searching_turns

@@ -263,7 +263,7 @@ class Attention(nn.Module):
             # without a cache the mask is causal over T == S slots: skip the blocks above the diagonal
             blocks = causal_blocks(x.shape[1]) if layer_cache is None else 1
             # long blocks (a prompt or an observation into a cache, a long update) attend in query blocks: memory
-            query_block = (cache_query_block(x.shape[1]) if layer_cache is not None
+            query_block = (cache_query_block(x.shape[1], N, k.shape[1]) if layer_cache is not None
                            else causal_query_block(x.shape[1], blocks))
             out = grouped_attention(q, k, v, attn_mask, D ** -0.5, causal_blocks=blocks, query_block=query_block)
         else:
@@ -320,12 +320,23 @@ def _remat_policy(name: str):
 
 
 CACHE_QUERY_BLOCK = 512  # queries per attention block when a block of more is written into a cache
+ROW_LOGITS_BYTES = 32 * 2 ** 20  # most float32 attention logits per row one query block of a cached forward makes
 
 
-def cache_query_block(T: int) -> int:
-    """The query block of a T-token block written into a cache: CACHE_QUERY_BLOCK when it divides T and T is
-    longer (prefill buckets and append blocks are powers of two), else 0 (one block)."""
-    return CACHE_QUERY_BLOCK if T > CACHE_QUERY_BLOCK and T % CACHE_QUERY_BLOCK == 0 else 0
+def cache_query_block(T: int, heads: int = 1, slots: int = 0) -> int:
+    """The query block of a T-token block written into a cache of `slots` slots by `heads` query heads: the
+    largest power of two b <= CACHE_QUERY_BLOCK dividing T whose [heads, b, slots] float32 logits per row fit
+    ROW_LOGITS_BYTES (at least 16); 0 (one block) when all T queries fit. Prefill buckets and append blocks are
+    powers of two. Why the byte bound: a 512-token observation appended for 32 rows of SmolLM2 (9 heads) to a
+    6,144-slot cache makes 3.6 GB of logits and as much of probabilities per layer in one block, which with the
+    cache's own copies ran a 24 GB host out of memory; blocks of 128 queries make a quarter of that."""
+    fits = max(16, ROW_LOGITS_BYTES // max(4 * heads * slots, 1))
+    if T <= min(CACHE_QUERY_BLOCK, fits):
+        return 0
+    block = CACHE_QUERY_BLOCK
+    while block > 16 and (block > fits or T % block):
+        block //= 2
+    return block if T % block == 0 and block < T else 0
 
 
 LONG_FORWARD = 8192  # a forward without a cache over more tokens also splits each causal block into query blocks

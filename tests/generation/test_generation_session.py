@@ -85,3 +85,33 @@ def test_consumed_session_and_bad_input_raise(tiny_models, tiny_prompts):
         generation.generate(model, params, [[1], []], max_new_tokens=2)
     with pytest.raises(ValueError, match="needs a tokenizer"):
         generation.generate(model, params, [[1]], max_new_tokens=2, stop=("</search>",))
+
+
+def _negate(logits, tokens, lengths):
+    del tokens, lengths
+    return -logits
+
+
+def test_logits_processor_maps_the_models_own_logits(tiny_models, tiny_prompts):
+    """A processor that negates the logits makes greedy decoding pick each step's argmin of the model's own
+    next-token logits (transformers' forward over the whole history as the reference), after the prefill, in
+    the decode loop and after an append: it sees the model's logits, not a replacement."""
+    import torch
+    hf, model, params = tiny_models["llama"]
+    session = generation.start(model, params, tiny_prompts, max_cache_len=80, logits_processor=_negate)
+    session, first = generation.decode(session, 4)
+    blocks = [[11, 12, 13], [], [200], [5, 6]]
+    session = generation.append(session, blocks)
+    session, second = generation.decode(session, 3)
+    histories = generation.sequences(session)
+    for b, prompt in enumerate(tiny_prompts):
+        generated = [(len(prompt) + i, t) for i, t in enumerate(first[b].token_ids)]
+        start = len(prompt) + len(first[b].token_ids) + len(blocks[b])
+        generated += [(start + i, t) for i, t in enumerate(second[b].token_ids)]
+        assert len(first[b].token_ids) == 4 and len(second[b].token_ids) == (3 if blocks[b] else 0)
+        with torch.no_grad():
+            logits = hf(torch.tensor([histories[b]])).logits[0].numpy()
+        for position, token in generated:
+            row = logits[position - 1]
+            assert np.sort(row)[1] - row.min() > 1e-4, "near-tie at the argmin: pick another seed"
+            assert token == int(np.argmin(row)), (b, position)

@@ -116,6 +116,19 @@ def test_a_long_block_into_the_cache_attends_in_query_blocks(tiny_loaded, padded
         kernels.grouped_attention(q, k, v, slots, 0.3, query_block=3)
 
 
+def test_cached_query_blocks_bound_the_logits_per_row():
+    """The query block of a cached forward keeps each row's float32 logits [heads, block, slots] within
+    ROW_LOGITS_BYTES (32 MiB), by hand: SmolLM2's 9 heads over 6,144 slots are 221,184 bytes per query, so 151
+    queries fit and a 512-token observation runs in blocks of 128; over 1,024 slots all 512 fit (one block)."""
+    from searchjax.models import transformer
+    assert transformer.ROW_LOGITS_BYTES == 32 * 2 ** 20
+    assert transformer.cache_query_block(512, 9, 6144) == 128
+    assert transformer.cache_query_block(512, 9, 1024) == 0
+    assert transformer.cache_query_block(1024, 9, 1024) == 512  # CACHE_QUERY_BLOCK still caps the block
+    assert transformer.cache_query_block(512, 64, 10 ** 6) == 16  # never below 16 queries
+    assert transformer.cache_query_block(48, 64, 10 ** 6) == 16 and transformer.cache_query_block(40, 64, 10 ** 6) == 0
+
+
 def test_a_long_forward_attends_each_causal_block_in_query_blocks(tiny_loaded, padded_batch, monkeypatch):
     """Past LONG_FORWARD tokens the no-cache forward (the update, the log-prob passes) splits each causal block
     into query blocks: the logits equal the one-block forward's, and the kernel's values and gradients equal
