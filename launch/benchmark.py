@@ -5,7 +5,9 @@ r"""Benchmark suites: each figure measured next to its reference in the same run
 Prints one table per suite and writes bench_results/<suite>.json. Suites (one module each under
 searchjax/bench/): scoring (token_logprobs vs transformers), generation (decode vs transformers
 generate), retrieval (encoder vs sentence-transformers, ANN recall/QPS, server latency), train
-(update step vs a torch loss), drfree (IG reward vs difficulty reward).
+(update step vs a torch loss), drfree (IG reward vs difficulty reward; drfree_paper: with the paper's solver
+only, to completion on as many questions as 45 minutes allow), decode_window (the decode step against
+its window), rollout (the search agent's rollout at the papers' shapes vs transformers).
 """
 
 import importlib
@@ -22,7 +24,7 @@ ITERS = flags.DEFINE_integer("iters", 5, "Timed iterations per figure (median re
 DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "auto"],
                           "Compute dtype of both sides (auto: searchjax.runtime.host_compute_dtype()).")
 
-# Suite name -> module. Listed explicitly so `--only` can name exactly what exists.
+# Suite name -> module (its run(args)) or module:function. Listed explicitly so `--only` can name exactly what exists.
 SUITES = {
     "scoring": "searchjax.bench.scoring",
     "generation": "searchjax.bench.generation",
@@ -30,6 +32,8 @@ SUITES = {
     "train": "searchjax.bench.train",
     "drfree": "searchjax.bench.drfree",
     "decode_window": "searchjax.bench.decode_window",
+    "rollout": "searchjax.bench.rollout",
+    "drfree_paper": "searchjax.bench.drfree:run_paper_solver",
 }
 
 
@@ -46,7 +50,8 @@ def main(argv):
     out = pathlib.Path(OUT_DIR.value)
     out.mkdir(parents=True, exist_ok=True)
     for name in FLAGS.value:
-        rows = importlib.import_module(SUITES[name]).run(args)
+        module, _, function = SUITES[name].partition(":")
+        rows = getattr(importlib.import_module(module), function or "run")(args)
         print(f"\n== {name} ==\n{format_table(rows)}")
         tmp = out / f".{name}.json.tmp"
         tmp.write_text(json.dumps(rows, indent=2, default=float))

@@ -152,13 +152,15 @@ def summary(seconds: list[float]) -> dict[str, float]:
 
 def _side_worker(setup, args, connection) -> None:
     """A benchmark side's process: `setup(*args)` -> (run, info); send info; then run() per "run" message,
-    sending back its seconds, until "stop". Exceptions go back to the parent as text."""
+    sending back its seconds (or its (seconds, details) pair), until "stop". Exceptions go back to the parent
+    as text."""
     import traceback
     try:
         run, info = setup(*args)
         connection.send(("ready", info))
         while connection.recv() == "run":
-            connection.send(("ok", float(run())))
+            result = run()
+            connection.send(("ok", (float(result[0]), result[1]) if isinstance(result, tuple) else float(result)))
     except BaseException:  # noqa: BLE001 - the parent reports it with the side's name
         connection.send(("error", traceback.format_exc()))
     finally:
@@ -171,7 +173,8 @@ def alternate(sides: dict, rounds: int, warmup: int = 1) -> dict[str, dict]:
     sides: {name: (setup, args, environ)}, setup a module-level function; in a spawned process started with
     `environ` (None: this process's environment), setup(*args) loads its side and returns (run, info): run()
     does one timed unit and returns its seconds (so a side can leave out what it should not be charged for,
-    e.g. prefill), info is any picklable dict (e.g. its first result, for an agreement check). Every side is
+    e.g. prefill), or (seconds, details) with details a picklable dict about that unit (the last timed unit's
+    come back as "details"); info is any picklable dict (e.g. its first result, for an agreement check). Every side is
     started and set up before any timing (one side's load never overlaps another's run), then each side runs
     `warmup` untimed calls, then `rounds` rounds in which every side runs once, one at a time, so drift in the
     machine's load hits all sides alike. Returns {name: summary(seconds) | {"info": info, "seconds": [...]}}.
@@ -191,14 +194,16 @@ def alternate(sides: dict, rounds: int, warmup: int = 1) -> dict[str, dict]:
             os.environ.update(saved)
             child.close()
             workers[name] = (process, parent, _receive(name, parent, process))  # set up one side at a time
-        seconds = {name: [] for name in sides}
+        seconds, details = {name: [] for name in sides}, {name: {} for name in sides}
         for round_ in range(warmup + rounds):
             for name, (process, parent, _) in workers.items():
                 parent.send("run")
                 elapsed = _receive(name, parent, process)
+                if isinstance(elapsed, tuple):
+                    elapsed, details[name] = elapsed
                 if round_ >= warmup:
                     seconds[name].append(elapsed)
-        return {name: summary(seconds[name]) | {"info": info, "seconds": seconds[name]}
+        return {name: summary(seconds[name]) | {"info": info, "seconds": seconds[name], "details": details[name]}
                 for name, (_, _, info) in workers.items()}
     finally:
         os.environ.clear()

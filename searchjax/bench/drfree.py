@@ -29,6 +29,15 @@ count, written to a temporary directory) with BM25 over the synthetic corpus as 
 
 The paper's 7.37-9.61x is per update and also includes Dr.Zero's live proposer-side search, which ours
 does not do.
+
+    python -m launch.benchmark --only=drfree_paper
+
+3. `run_paper_solver`: figure 1 with the paper's solver only, run to completion on as many questions as
+   PAPER_SOLVER_BUDGET_S of wall time allow: gated questions in chunks of PAPER_SOLVER_QUESTIONS_CPU (the KV
+   cache of 2 x 5 rows x 6,144 slots), each chunk timed with both rewards (IG, then difficulty), chunks until
+   the budget is spent; a chunk started is finished. Reported: seconds per question of each reward over all
+   chunks (the sum over the questions, and the median / min / max per chunk), their ratio, and the first chunk
+   apart (it compiles). No lower bounds: every difficulty call ran to its end.
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ from searchjax.bench.common import BenchArgs, block
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PAPER_SOLVER_QUESTIONS_CPU = 2  # questions in the paper-solver comparison on CPU (KV-cache memory)
+PAPER_SOLVER_BUDGET_S = 45 * 60  # wall time the paper-solver-only comparison may start chunks in
+PAPER_SOLVER_MAX_QUESTIONS = 24  # questions prepared for it (gated chains of the quickstart's pool)
 
 
 def _config(variant: str):
@@ -176,23 +187,19 @@ def _compare(args: BenchArgs, rewards: dict, trajectories: list, setting: str, *
     return rows
 
 
-def reward_rows(args: BenchArgs, work: pathlib.Path) -> tuple[list[dict], int]:
-    """Figure 1: (rows, batch size): each reward's time per proposer question on the same gated batch."""
-    import jax
-
+def _rewards(work: pathlib.Path, config):
+    """(IG reward, difficulty(section) -> difficulty reward, chain records, tokenizer) on the quickstart's
+    synthetic pool and models."""
     from retrieval.bm25 import BM25Index
     from retrieval.client import InProcessRetriever
     from retrieval.corpus import read_jsonl_corpus
     from searchjax.agent.rollout import RolloutConfig
+    from searchjax.data.assets import resolve_model_path
     from searchjax.experiment import selfplay
     from searchjax.models import load_pretrained
     from searchjax.rewards.difficulty import make_difficulty_reward
     from searchjax.rewards.information_gain import make_information_gain_reward
-    from searchjax.data.assets import resolve_model_path
     from searchjax.tokenization import load_tokenizer
-
-    config = _config(_variant(args))
-    batch_size = config.prompts_per_step
     records, corpus = selfplay.synthetic_chain_pool(work / "chains", n_per_hop=config.chains.n_per_hop,
                                                     seed=config.chains.seed)
     retriever = InProcessRetriever(BM25Index.build(read_jsonl_corpus(corpus)))
@@ -205,6 +212,79 @@ def reward_rows(args: BenchArgs, work: pathlib.Path) -> tuple[list[dict], int]:
         return make_difficulty_reward(model, params, tokenizer, retriever, RolloutConfig(**section.to_dict()),
                                       base_seed=config.seed)
 
+    return ig, difficulty, records, tokenizer
+
+
+def run_paper_solver(args: BenchArgs) -> list[dict]:
+    """Figure 3 (module docstring): the paper solver's difficulty reward against IG on as many questions as
+    PAPER_SOLVER_BUDGET_S allow."""
+    import shutil
+    work = pathlib.Path(tempfile.mkdtemp(prefix="bench_drfree_paper_"))
+    try:
+        config = _config(_variant(args))
+        ig, difficulty, records, tokenizer = _rewards(work, config)
+        paper = difficulty(_config("").difficulty.rollout)
+        batch = gated_batch(records, min(PAPER_SOLVER_MAX_QUESTIONS, _gated_count(records)))
+        chunks, started = [], time.perf_counter()
+        for first in range(0, len(batch), PAPER_SOLVER_QUESTIONS_CPU):
+            if chunks and time.perf_counter() - started > PAPER_SOLVER_BUDGET_S:
+                break
+            trajectories = _trajectories(batch[first:first + PAPER_SOLVER_QUESTIONS_CPU], tokenizer)
+            chunk = {"questions": len(trajectories)}
+            for name, fn in (("ig", ig), ("difficulty_paper_solver", paper)):
+                start = time.perf_counter()
+                out = fn(trajectories)
+                chunk[name] = time.perf_counter() - start
+                if name != "ig":
+                    chunk.update({k: out.metrics[f"difficulty/{k}"] for k in
+                                  ("solver_response_tokens", "solver_searches", "solve_rate")})
+            chunks.append(chunk)
+            print(f"drfree_paper chunk {len(chunks)}: {chunk}", flush=True)
+        return paper_solver_rows(chunks, time.perf_counter() - started)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _gated_count(records: list[dict]) -> int:
+    from searchjax.rewards.information_gain import check_proposal
+    return sum(check_proposal(templated_reply(r), r).gated for r in records)
+
+
+def paper_solver_rows(chunks: list[dict], wall_s: float) -> list[dict]:
+    """Rows of figure 3 from its chunks ({"questions", "ig", "difficulty_paper_solver", solver metrics}):
+    seconds per question of each reward over every chunk (sum of seconds / sum of questions), per chunk
+    (median, min, max), over the chunks after the first (which compiles), and the ratio."""
+    questions = sum(c["questions"] for c in chunks)
+    rows = []
+    for name in ("ig", "difficulty_paper_solver"):
+        per_chunk = [c[name] / c["questions"] for c in chunks]
+        later = chunks[1:] or chunks
+        row = {"figure": "reward per proposer question, paper solver, to completion", "reward": name,
+               "questions": questions, "chunks": len(chunks),
+               "s_per_question": sum(c[name] for c in chunks) / questions,
+               "s_per_question_after_first_chunk": sum(c[name] for c in later) / sum(c["questions"] for c in later),
+               "median_s_per_question_per_chunk": statistics.median(per_chunk),
+               "min_s_per_question_per_chunk": min(per_chunk), "max_s_per_question_per_chunk": max(per_chunk),
+               "first_chunk_s": chunks[0][name]}
+        if name != "ig":
+            row.update({k: statistics.mean(c[k] for c in chunks)
+                        for k in ("solver_response_tokens", "solver_searches", "solve_rate")})
+        rows.append(row)
+    rows[1]["x_vs_ig"] = rows[1]["s_per_question"] / rows[0]["s_per_question"]
+    rows[1]["x_vs_ig_after_first_chunk"] = (rows[1]["s_per_question_after_first_chunk"]
+                                            / rows[0]["s_per_question_after_first_chunk"])
+    rows[1]["goal_5x_met"] = rows[1]["x_vs_ig"] >= 5.0
+    rows[0]["wall_s"] = wall_s
+    return rows
+
+
+def reward_rows(args: BenchArgs, work: pathlib.Path) -> tuple[list[dict], int]:
+    """Figure 1: (rows, batch size): each reward's time per proposer question on the same gated batch."""
+    import jax
+
+    config = _config(_variant(args))
+    batch_size = config.prompts_per_step
+    ig, difficulty, records, tokenizer = _rewards(work, config)
     batch = gated_batch(records, batch_size)
     rows = _compare(args, {"ig": ig, "difficulty_quickstart_solver": difficulty(config.difficulty.rollout)},
                     _trajectories(batch, tokenizer), "quickstart solver")

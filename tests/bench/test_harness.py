@@ -110,3 +110,37 @@ def test_ann_parameters_are_chosen_on_the_tuning_queries_only():
         found = index.search(half, 10)[1]
         expected = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, truth)])
         assert rows[1][field] == pytest.approx(expected), field
+
+
+def _detailed():
+    """A side whose unit reports (seconds, details): a counter of the calls so far."""
+    calls = []
+
+    def run():
+        calls.append(1)
+        return 0.001, {"calls": len(calls)}
+    return run, {}
+
+
+def test_alternate_keeps_the_last_units_details():
+    results = common.alternate({"detailed": (_detailed, (), None)}, rounds=2, warmup=1)
+    assert results["detailed"]["seconds"] == [0.001, 0.001]
+    assert results["detailed"]["details"] == {"calls": 3}  # warm-up + 2 rounds; the last one's
+
+
+def test_paper_solver_rows_by_hand():
+    from searchjax.bench.drfree import paper_solver_rows
+    solver = {"solver_response_tokens": 100.0, "solver_searches": 2.0, "solve_rate": 0.5}
+    chunks = [{"questions": 2, "ig": 4.0, "difficulty_paper_solver": 400.0, **solver},  # compiles: slow
+              {"questions": 2, "ig": 1.0, "difficulty_paper_solver": 100.0, **solver},
+              {"questions": 1, "ig": 1.0, "difficulty_paper_solver": 30.0, **solver}]
+    ig, difficulty = paper_solver_rows(chunks, wall_s=536.0)
+    assert ig["questions"] == difficulty["questions"] == 5 and ig["chunks"] == 3
+    assert ig["s_per_question"] == pytest.approx(6.0 / 5) and difficulty["s_per_question"] == pytest.approx(530 / 5)
+    assert difficulty["s_per_question_after_first_chunk"] == pytest.approx(130 / 3)
+    assert ig["s_per_question_after_first_chunk"] == pytest.approx(2 / 3)
+    assert difficulty["median_s_per_question_per_chunk"] == pytest.approx(50.0)  # of 200, 50, 30
+    assert (difficulty["min_s_per_question_per_chunk"], difficulty["max_s_per_question_per_chunk"]) == (30.0, 200.0)
+    assert difficulty["x_vs_ig"] == pytest.approx((530 / 5) / (6 / 5))
+    assert difficulty["x_vs_ig_after_first_chunk"] == pytest.approx((130 / 3) / (2 / 3))
+    assert difficulty["goal_5x_met"] and difficulty["solve_rate"] == 0.5 and ig["wall_s"] == 536.0
