@@ -47,7 +47,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from searchjax import sampling, sharding
 from searchjax.models import KVCache, init_cache, lm_head_weight, positions_from_mask, transformer
 from searchjax.models.decode_attention import decode_attention
-from searchjax.models.kernels import matmul, swiglu
+from searchjax.models.kernels import matmul, swiglu, update_slice, update_slice_in_dim
 
 RUNNING, EOS, STOP, LENGTH = 0, 1, 2, 3
 
@@ -156,10 +156,9 @@ def merge_cache(full: Optional[KVCache], part: Optional[KVCache]) -> Optional[KV
     the full one is donated)."""
     if full is None:
         return None
-    k, v = full.k, full.v
-    for i, (k_layer, v_layer) in enumerate(zip(part.k, part.v)):
-        k = jax.lax.dynamic_update_slice(k, k_layer.transpose(0, 3, 1, 2)[None], (i, 0, 0, 0, 0))
-        v = jax.lax.dynamic_update_slice(v, v_layer.transpose(0, 2, 1, 3)[None], (i, 0, 0, 0, 0))
+    # one update of the stacked window, not one per layer: XLA:CPU copied the whole cache for each of those
+    k = update_slice_in_dim(full.k, jnp.stack([layer.transpose(0, 3, 1, 2) for layer in part.k]), 0, axis=2)
+    v = update_slice_in_dim(full.v, jnp.stack([layer.transpose(0, 2, 1, 3) for layer in part.v]), 0, axis=2)
     return KVCache(k=k, v=v, mask=jax.lax.dynamic_update_slice_in_dim(full.mask, part.mask, 0, axis=1),
                    index=part.index)
 
@@ -194,8 +193,8 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
     # for the reads (2-3 copies per layer and step on XLA:CPU, also with an optimization barrier or with the
     # write first). Per row, so a batch-sharded step needs no communication for it.
     never = (out[:, 0, 0] > jnp.inf)[:, None, None, None]
-    k_window = jax.lax.dynamic_update_slice(k_window, jnp.where(never, 0, k.transpose(0, 2, 3, 1)), (0, 0, 0, index))
-    v_window = jax.lax.dynamic_update_slice(v_window, jnp.where(never, 0, v.transpose(0, 2, 1, 3)), (0, 0, index, 0))
+    k_window = update_slice(k_window, jnp.where(never, 0, k.transpose(0, 2, 3, 1)), (0, 0, 0, index))
+    v_window = update_slice(v_window, jnp.where(never, 0, v.transpose(0, 2, 1, 3)), (0, 0, index, 0))
     # as one [B, N * D] x [N * D, H] product: with the two contracted axes (n, d) XLA:CPU chose to transpose the
     # weight to [D, N, H] (a copy per layer and step) rather than order the small activation
     x = x + matmul("be,eh->bh", out.reshape(out.shape[0], N * D),
@@ -293,8 +292,7 @@ def unwindow_cache(full: Optional[KVCache], part: Optional[KVCache]) -> Optional
     """Write a windowed stacked cache back over the first slots of the full one (in place: it is donated)."""
     if full is None or part.mask.shape[1] == full.mask.shape[1]:
         return part
-    return KVCache(k=jax.lax.dynamic_update_slice_in_dim(full.k, part.k, 0, axis=2),
-                   v=jax.lax.dynamic_update_slice_in_dim(full.v, part.v, 0, axis=2),
+    return KVCache(k=update_slice_in_dim(full.k, part.k, 0, axis=2), v=update_slice_in_dim(full.v, part.v, 0, axis=2),
                    mask=jax.lax.dynamic_update_slice_in_dim(full.mask, part.mask, 0, axis=1), index=part.index)
 
 

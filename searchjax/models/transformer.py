@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax.core import FrozenDict
 
-from searchjax.models.kernels import grouped_attention, matmul, swiglu
+from searchjax.models.kernels import grouped_attention, matmul, swiglu, update_slice_in_dim
 from searchjax.sharding import constrain
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -255,8 +255,8 @@ class Attention(nn.Module):
         new_cache = None
         if layer_cache is not None:
             cache_k, cache_v = layer_cache
-            cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, k.astype(cache_k.dtype), cache_index, axis=1)
-            cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v.astype(cache_v.dtype), cache_index, axis=1)
+            cache_k = update_slice_in_dim(cache_k, k, cache_index, axis=1)
+            cache_v = update_slice_in_dim(cache_v, v, cache_index, axis=1)
             new_cache = (cache_k, cache_v)
             k, v = cache_k.astype(dt), cache_v.astype(dt)  # [B, S, K, D]
         if cfg.attention_impl is None:
