@@ -110,18 +110,19 @@ def next_logits(params, model, logits_fn, ids, positions, mask, cache, tokens, l
         config = model.config
         head = lm_head_weight(params, config).astype(config.compute_dtype)
         logits = matmul("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head, jnp.float32)
+    return process_logits(logits, logits_fn, logits_processor, tokens, lengths), cache
+
+
+def process_logits(logits, logits_fn, logits_processor, tokens, lengths):
+    """The next-token logits [B, V] f32 sampling uses: the model's `logits` (None without a model), replaced by
+    logits_fn(tokens, lengths) when given, then mapped by logits_processor(logits, tokens, lengths) when given.
+    Unlike `logits_fn` the processor sees the model's logits, so the LM head stays in the compiled step (a
+    scripted policy that only biases them costs what the policy's own step costs)."""
     if logits_fn is not None:
         logits = logits_fn(tokens, lengths).astype(jnp.float32)
-    return process_logits(logits_processor, logits, tokens, lengths), cache
-
-
-def process_logits(logits_processor, logits, tokens, lengths):
-    """logits_processor(logits [B, V] f32, tokens [B, S], lengths [B]) -> [B, V] f32, or logits unchanged when
-    it is None. Unlike `logits_fn` it sees the model's logits, so the LM head stays in the compiled step (a
-    scripted policy that only biases them costs what the policy's own step costs)."""
-    if logits_processor is None:
-        return logits
-    return logits_processor(logits, tokens, lengths).astype(jnp.float32)
+    if logits_processor is not None:
+        logits = logits_processor(logits, tokens, lengths).astype(jnp.float32)
+    return logits
 
 
 def layer_weights(params, config) -> list:
@@ -357,9 +358,7 @@ def decode_loop(params, state: SamplerState, budget, temperature, top_p, stop_ne
                 logits, cache = decode_forward(params, weights, model, token, st.lengths, running, st.cache)
             else:
                 logits, cache = decode_forward_stacked(params, model, token, st.lengths, running, st.cache)
-        if logits_fn is not None:
-            logits = logits_fn(tokens, lengths).astype(jnp.float32)
-        logits = process_logits(logits_processor, logits, tokens, lengths)
+        logits = process_logits(logits, logits_fn, logits_processor, tokens, lengths)
         new = st.replace(cache=cache, tokens=tokens, lengths=lengths, logprobs=logprobs,
                          next_logits=jnp.where(running[:, None], logits, st.next_logits),
                          done=st.done | (running & (reason != RUNNING)),

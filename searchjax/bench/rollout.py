@@ -73,7 +73,7 @@ class Script:
 
 def _filler_ids(tokenizer, passages, count: int) -> list[int]:
     """`count` token ids of ASCII corpus text without '<' or '>' (so no tag can appear by accident)."""
-    text, ids = "", []
+    text = ""
     for p in passages:
         text += " " + "".join(c for c in p.text if c.isascii() and c not in "<>")
         if len(text) > 8 * count:
@@ -101,7 +101,7 @@ def script(tokenizer, retriever, prompts, passages) -> Script:
     questions = [p.question for p in prompts]
     rows = len(questions) * GROUP
     prompt_ids = encode_many(tokenizer, [protocol.build_prompt(q, tokenizer) for q in questions])
-    pool = [p.question for p in prompts] + [f"who wrote {p.title}" for p in passages[:rows * TURNS]]
+    pool = questions + [f"who wrote {p.title}" for p in passages[:rows * TURNS]]
     filler = _filler_ids(tokenizer, passages[100:], TURN_TOKENS + 64)
     turns = [[scripted_turn(tokenizer, filler[(r * 7 + t * 13) % 50:],
                             f"</think>\n<search> {pool[(r * TURNS + t) % len(pool)]}</search>")
