@@ -10,21 +10,24 @@ start, in a new world (new colours):
 
 * learning run: searching finds the colour, answering blind scores 1/8, so GRPO raises the probability
   of searching and the mean reward rises;
-* control run: identical, except that every search returns the passage of another entity (the production
-  control, searchjax/experiment/shuffled_retrieval.py, with the entity names as its pool: a query naming an
-  entity gets another entity's passage), so the evidence is unrelated to the question.
+* shuffled control: identical, except that every search returns the passage of another entity (the
+  production control, searchjax/experiment/shuffled_retrieval.py, with the entity names as its pool: a query
+  naming an entity gets another entity's passage), so the evidence is unrelated to the question;
+* null control: identical to the learning run, except that the gold answer is a colour no policy says
+  (UNWINNABLE), so every reward is 0 and a correct GRPO has nothing to learn from.
 
 Checks, on two seeds (warm start, rollouts and substitution): (1) mean reward over the last 6 steps minus the
 first step's (the warm-started policy's, before any update) exceeds MARGIN = 0.35 in the learning run and not in
-the control; (2) the learning run's search rate rises by more than 0.3; (3) the control's search rate stays
-flat: its mean over steps 2..RL_STEPS differs from step 1's by less than SEARCH_FLAT = 0.25. Check (3) is what
-fails for a trainer that raises searching whatever the reward (a length bias, a sign error in the mask):
-`test_control_search_rate_catches_a_length_biased_trainer` runs the control with advantages that leak the
+the shuffled control, whose mean reward also stays at chance; (2) the learning run's search rate rises by more
+than 0.3; (3) in the null control every reward is 0 and the search rate stays flat: its mean over steps
+2..RL_STEPS differs from step 1's by less than SEARCH_FLAT = 0.25. Check (3) is what fails for a trainer that
+raises searching whatever the reward (a length bias in the advantages):
+`test_null_control_catches_a_length_biased_trainer` runs the null control with advantages that leak the
 response length and asserts that (3) is violated.
 
-Why the reward margin cannot be met by chance. In the control the policy never sees the asked entity's colour
-(colours are i.i.d. over entities, and each name is asked in one step only, so nothing can be memorised
-across steps): every valid answer is correct with probability exactly 1/8, whatever the policy, so
+Why the reward margin cannot be met by chance. In the shuffled control the policy never sees the asked
+entity's colour (colours are i.i.d. over entities, and each name is asked in one step only, so nothing can be
+memorised across steps): every valid answer is correct with probability exactly 1/8, whatever the policy, so
 E[mean reward] = valid-answer rate / 8 <= 1/8 at every step. Counting each group of 4 as a single
 Bernoulli(1/8) trial (its answers may be identical), the windows hold 16 and 96 independent trials, so
 the difference of their means has standard deviation <= sqrt((1/8)(7/8)(1/16 + 1/96)) = 0.089. The largest
@@ -32,13 +35,22 @@ systematic change the control allows is 1/8 x the change of the valid-answer rat
 above 0.8 at every step: <= 0.025; MARGIN exceeds it by 0.325 = 3.6 standard deviations (one-sided
 p < 2e-4).
 
-Why the search rate is a fair control statistic. In the control, searching and answering blind both score 1/8
-in expectation (searching copies a random other entity's colour: sum_c p_c^2 - 1/8 ~ 0.003 above blind for the
-world's colour frequencies p_c), so a correct GRPO has no expected gradient on the search decision and the
-search rate only drifts (Adam's normalised steps make the drift a random walk). Measured (2 CPU cores,
-2026-12-01): learning run search rate 0.06 -> ~1.0 (seed 0) and 0.12 -> ~1.0 (seed 1), reward gains (1) 0.70 and
-0.68; control search-rate change (3) +0.04 and +0.08 (it wanders up to 0.36 / 0.47 by step 10); the
-length-biased trainer's control +0.54 (searching 0.06 -> 0.94 within 3 steps). The three tests take ~70 s of CPU.
+Why the search-rate check runs on the null control and not on the shuffled one. In the shuffled control
+searching and answering blind both score 1/8 in expectation, so a correct GRPO has no expected gradient on the
+search decision, but each batch has a chance correlation between searching and the lucky answers, and Adam
+normalises the step: the first update moves the search rate as far as in the learning run, in a random
+direction, and momentum carries it. Measured (2 CPU cores, 8 simulated devices, 2026-12-02, seed 0's warm
+start searching 0.31): three shuffled controls drifted +0.51, +0.00 (wandering 0.02 -> 0.81) and -0.26; plain
+SGD (clipped) wandered as much. So that drift is a coin toss, not a test. In the null control every advantage
+is exactly 0, so a correct trainer does not move the parameters at all (the gradient is exactly 0, which the
+test checks, and AdamW with zero gradients and zero weight decay makes a zero update): the step search rates are independent means of 64 Bernoulli draws of one fixed
+policy, the drift's standard deviation is <= sqrt(0.25 / 64 x (1 + 1/9)) = 0.066, and SEARCH_FLAT is 3.8 of
+them. A trainer whose advantages leak the response length (searching responses are ~6x longer than blind
+answers) raises searching there within a few steps.
+
+Measured (same host and date): reward gains (1) 0.52 (seed 0) and 0.66 (seed 1), search rates 0.31 -> ~1.0
+and 0.12 -> ~1.0; null-control drift (3) -0.07 and +0.02 with every gradient exactly 0; the length-biased
+trainer's null control +0.56 (0.31 -> 0.88 within 3 steps). The three tests take ~55 s of CPU.
 """
 
 import json
@@ -54,7 +66,8 @@ from searchjax.experiment import loop, setup
 from searchjax.rl import sft
 
 MARGIN = 0.35
-SEARCH_FLAT = 0.25  # the control's search rate may move less than this (steps 2.. vs step 1)
+SEARCH_FLAT = 0.25  # the null control's search rate may move less than this (steps 2.. vs step 1)
+UNWINNABLE = "violet"  # the null control's gold answer: not one of the task's colours, so every reward is 0
 LENGTH_BONUS = 0.25  # the length-biased trainer's leak: + LENGTH_BONUS x response length / longest of the step
 SEEDS = (0, 1)  # warm start (model init, name order, demonstrations), rollout seed and control substitution
 FIRST, LAST = 1, 6  # windows (steps); the first step's reward is the warm-started policy's
@@ -114,17 +127,19 @@ def make_warm_start(tokenizer, seed: int):
     return model, params, tokenizer, names, history + mix_history
 
 
-def _rl_rows(warm_start, workdir: pathlib.Path, seed: int, shuffled: bool) -> list[dict]:
-    """metrics.jsonl rows of RL_STEPS GRPO steps from the warm start, in a new world (new colours)."""
+def _rl_rows(warm_start, workdir: pathlib.Path, seed: int, control: str = "") -> list[dict]:
+    """metrics.jsonl rows of RL_STEPS GRPO steps from the warm start, in a new world (new colours); control:
+    "" (the learning run), "shuffled" or "null" (module docstring)."""
     from retrieval.bm25 import BM25Index
     from searchjax.experiment.shuffled_retrieval import ShuffledRetriever
     model, params, tokenizer, names, _ = warm_start
     colours = task.world(2)  # a world the demonstrations never showed
     retriever = BM25Index.build(task.passages(colours))
-    if shuffled:  # the pool is the entity names, i.e. what the expert searches: a substitute is never the asked one
+    if control == "shuffled":  # the pool is the entity names, i.e. what the expert searches: never the asked one
         retriever = ShuffledRetriever(retriever, sorted(colours), seed=seed)
+    golden = {name: UNWINNABLE for name in names} if control == "null" else colours
     components = loop.Components(model=model, params=params, tokenizer=tokenizer, retriever=retriever,
-                                 train_prompts=task.prompts(names, colours, "rl"), eval_prompts=[])
+                                 train_prompts=task.prompts(names, golden, "rl"), eval_prompts=[])
     config = task_config(RL_STEPS)
     config.seed = seed
     config.sft.steps = 0  # the components' params are already warm-started (the `warm_starts` fixture)
@@ -151,11 +166,13 @@ def _series(rows: list[dict], key: str) -> list[float]:
 def test_grpo_learns_to_search_only_when_retrieval_is_informative(warm_starts, tmp_path, seed):
     history = warm_starts(seed)[4]
     assert history[SFT_STEPS - 1]["loss/sft"] < 0.1 * history[0]["loss/sft"]
-    rows = _rl_rows(warm_starts(seed), tmp_path / "learn", seed, shuffled=False)
-    control_rows = _rl_rows(warm_starts(seed), tmp_path / "control", seed, shuffled=True)
+    rows = _rl_rows(warm_starts(seed), tmp_path / "learn", seed)
+    control_rows = _rl_rows(warm_starts(seed), tmp_path / "control", seed, control="shuffled")
+    null_rows = _rl_rows(warm_starts(seed), tmp_path / "null", seed, control="null")
     summary = (f"seed {seed}\nrewards {_series(rows, 'reward/mean')}\ncontrol {_series(control_rows, 'reward/mean')}\n"
                f"searches {_series(rows, 'rollout/search/mean')}\n"
-               f"control searches {_series(control_rows, 'rollout/search/mean')}")
+               f"control searches {_series(control_rows, 'rollout/search/mean')}\n"
+               f"null searches {_series(null_rows, 'rollout/search/mean')}")
     print(summary)
     rewards = np.asarray([r["reward/mean"] for r in rows])
     control = np.asarray([r["reward/mean"] for r in control_rows])
@@ -163,21 +180,22 @@ def test_grpo_learns_to_search_only_when_retrieval_is_informative(warm_starts, t
     assert change(control_rows, "reward/mean") < MARGIN, summary
     assert control.mean() < 1 / 8 + 3 * np.sqrt((1 / 8) * (7 / 8) / (16 * RL_STEPS)), summary  # chance level
     assert change(rows, "rollout/search/mean") > 0.3, summary  # the gain comes from searching
-    # ... and searching pays only through what it retrieves: where it retrieves nothing useful it does not grow
-    assert abs(search_drift(control_rows)) < SEARCH_FLAT, summary
-    assert all(r["rollout/answer/valid_rate"] > 0.8 for r in rows + control_rows), summary
+    # ... and nothing but the reward raises it: with no reward to earn, the search rate does not move
+    assert all(r["reward/mean"] == 0 and r["update/grad_norm"] == 0 for r in null_rows), summary  # nothing moves
+    assert abs(search_drift(null_rows)) < SEARCH_FLAT, summary
+    assert all(r["rollout/answer/valid_rate"] > 0.8 for r in rows + control_rows + null_rows), summary
     assert rewards.shape == control.shape == (RL_STEPS,)
 
 
-def test_control_search_rate_catches_a_length_biased_trainer(warm_starts, tmp_path, monkeypatch):
-    """The control's flat-search assertion has power: GRPO whose advantages leak the response length (a
-    length-biased trainer; searching responses are ~6x longer than blind answers) raises searching in the
-    control, where searching earns nothing, and the assertion above would fail."""
+def test_null_control_catches_a_length_biased_trainer(warm_starts, tmp_path, monkeypatch):
+    """The null control's flat-search assertion has power: GRPO whose advantages leak the response length (a
+    length-biased trainer; searching responses are ~6x longer than blind answers) raises searching where no
+    reward can be earned, and the assertion above would fail."""
     def length_biased_grpo(rewards, trajectories, cfg):
         lengths = np.asarray([len(t.response_ids) for t in trajectories], np.float32)
         return loop.grpo_estimator(np.asarray(rewards) + LENGTH_BONUS * lengths / lengths.max(), trajectories, cfg)
     monkeypatch.setitem(loop.ADVANTAGE_FNS, "grpo", length_biased_grpo)
-    rows = _rl_rows(warm_starts(0), tmp_path / "biased_control", 0, shuffled=True)
-    summary = f"biased control searches {_series(rows, 'rollout/search/mean')}"
+    rows = _rl_rows(warm_starts(0), tmp_path / "biased_null", 0, control="null")
+    summary = f"biased null control searches {_series(rows, 'rollout/search/mean')}"
     print(summary)
     assert search_drift(rows) > SEARCH_FLAT, summary
