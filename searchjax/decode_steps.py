@@ -138,17 +138,27 @@ def layer_weights(params, config) -> list:
     return [jax.tree.map(lambda w: w[i].astype(dt), params["layers"]) for i in range(config.num_layers)]
 
 
-def split_cache(cache: Optional[KVCache], window: int) -> Optional[KVCache]:
+# The dtype of the per-layer decode windows on a CPU. XLA:CPU (jax 0.10.2) runs decode attention's bf16 products
+# (3 query rows per kv head against the window) on one thread at ~5 GB/s of window, its f32 ones at ~14 GB/s: 30
+# layers of it at batch 8 over 4,096 slots took 140-166 ms with bf16 windows and 106 ms with f32 ones holding
+# twice the bytes (2-core AMD EPYC with AVX-512 BF16). The windows are copies made once per decode call anyway;
+# in f32 they take twice the memory of a bf16 cache's window and hold its values exactly.
+CPU_WINDOW_DTYPE = jnp.float32
+
+
+def split_cache(cache: Optional[KVCache], window: int, dtype=None) -> Optional[KVCache]:
     """The cache's first `window` slots as one heads-major buffer per layer: k = a tuple of L arrays [B, K, D, W]
-    (keys slot-minor), v = L arrays [B, K, W, D] (copies, once per decode call). Per-layer buffers let each
-    step's products read a layer's window in place and write only the new slot into it (a slice of the
-    stacked [L, ...] cache would be a copy per layer and step); heads-major makes those products plain batched
-    matmuls, and slot-minor keys make q k^T a [G, D] x [D, W] product (`decode_attention`, "Layout")."""
+    (keys slot-minor), v = L arrays [B, K, W, D] (copies, once per decode call), in `dtype` (default: the
+    cache's; a wider one holds the cache's values exactly, and `merge_cache` rounds nothing when it writes
+    them back). Per-layer buffers let each step's products read a layer's window in place and write only the
+    new slot into it (a slice of the stacked [L, ...] cache would be a copy per layer and step); heads-major
+    makes those products plain batched matmuls, and slot-minor keys make q k^T a [G, D] x [D, W] product
+    (`decode_attention`, "Layout")."""
     if cache is None:
         return None
-    count = cache.k.shape[0]
-    return KVCache(k=tuple(cache.k[i, :, :window].transpose(0, 2, 3, 1) for i in range(count)),
-                   v=tuple(cache.v[i, :, :window].transpose(0, 2, 1, 3) for i in range(count)),
+    count, dtype = cache.k.shape[0], cache.k.dtype if dtype is None else dtype
+    return KVCache(k=tuple(cache.k[i, :, :window].transpose(0, 2, 3, 1).astype(dtype) for i in range(count)),
+                   v=tuple(cache.v[i, :, :window].transpose(0, 2, 1, 3).astype(dtype) for i in range(count)),
                    mask=cache.mask[:, :window], index=cache.index)
 
 
@@ -158,8 +168,10 @@ def merge_cache(full: Optional[KVCache], part: Optional[KVCache]) -> Optional[KV
     if full is None:
         return None
     # one update of the stacked window, not one per layer: XLA:CPU copied the whole cache for each of those
-    k = update_slice_in_dim(full.k, jnp.stack([layer.transpose(0, 3, 1, 2) for layer in part.k]), 0, axis=2)
-    v = update_slice_in_dim(full.v, jnp.stack([layer.transpose(0, 2, 1, 3) for layer in part.v]), 0, axis=2)
+    k = update_slice_in_dim(full.k, jnp.stack([layer.transpose(0, 3, 1, 2) for layer in part.k]).astype(full.k.dtype),
+                            0, axis=2)
+    v = update_slice_in_dim(full.v, jnp.stack([layer.transpose(0, 2, 1, 3) for layer in part.v]).astype(full.v.dtype),
+                            0, axis=2)
     return KVCache(k=k, v=v, mask=jax.lax.dynamic_update_slice_in_dim(full.mask, part.mask, 0, axis=1),
                    index=part.index)
 
@@ -186,7 +198,8 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
     if config.qk_norm:
         q, k = norm(attn["q_norm"], q, "head_dim"), norm(attn["k_norm"], k, "head_dim")
     q, k = transformer.apply_rope(q, cos, sin), transformer.apply_rope(k, cos, sin)
-    k, v = k.astype(k_window.dtype), v.astype(v_window.dtype)  # as stored in the cache (the full forward's casts)
+    # as stored in the cache (which holds the compute dtype, `init_cache`'s default), then in the window's dtype
+    k, v = k.astype(dt).astype(k_window.dtype), v.astype(dt).astype(v_window.dtype)
     out = decode_attention(q[:, 0], k[:, 0], v[:, 0], k_window, v_window, visible, D ** -0.5)
     # Then write the slot, with values routed through the attention output (a select on `out > +inf`, false
     # for every number, NaN included: the values are k and v). That data dependency is what lets XLA write in
@@ -333,7 +346,7 @@ def decode_loop(params, state: SamplerState, budget, temperature, top_p, stop_ne
     full_cache = state.cache
     per_layer = per_layer_decode(mesh)
     weights = layer_weights(params, model.config) if model is not None and per_layer else None
-    cache = split_cache(full_cache, window) if per_layer else window_cache(full_cache, window)
+    cache = split_cache(full_cache, window, CPU_WINDOW_DTYPE) if per_layer else window_cache(full_cache, window)
     state = state.replace(cache=cache, step=jnp.zeros((), jnp.int32),
                           turn_start=state.lengths, stop_state=jnp.zeros_like(state.stop_state))
 

@@ -9,8 +9,9 @@ filled, 2,048 for 2,000. One jitted call runs n steps in a `lax.fori_loop` (n tr
 case) with the same per-call preparation as `decode_steps.decode_loop`; per-step seconds =
 (t(n steps) - t(1 step)) / (n - 1), so that preparation and the dispatch cancel out. Medians of args.iters.
 
-  * current: `decode_steps.decode_forward` (per-layer weights and windows made once per call, the window read
-    in place, the token merged by log-sum-exp, one slot written per layer).
+  * current: `decode_steps.decode_forward` (per-layer weights and windows made once per call, the windows in
+    `decode_steps.CPU_WINDOW_DTYPE` as `decode_loop` makes them, the window read in place, the token merged
+    by log-sum-exp, one slot written per layer).
   * former: the step before it, which is still the accelerators' step, `decode_steps.decode_forward_stacked`
     (a scan over layers slicing each layer's cache and weights out of the stacked arrays, attention writing the
     token into the layer cache; `decode_steps.per_layer_decode` says which target runs which).
@@ -59,7 +60,7 @@ def _greedy_steps(params, cache, token, steps, *, model, window, former):
             return decode_steps.decode_forward_stacked(params, model, token, position, running, part)
     else:
         weights = decode_steps.layer_weights(params, model.config)
-        part = decode_steps.split_cache(cache, window)
+        part = decode_steps.split_cache(cache, window, decode_steps.CPU_WINDOW_DTYPE)
 
         def forward(token, position, part):
             return decode_steps.decode_forward(params, weights, model, token, position, running, part)

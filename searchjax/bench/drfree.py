@@ -38,6 +38,8 @@ does not do.
    the budget is spent; a chunk started is finished. Reported: seconds per question of each reward over all
    chunks (the sum over the questions, and the median / min / max per chunk), their ratio, and the first chunk
    apart (it compiles). No lower bounds: every difficulty call ran to its end.
+   Measured (2026-12-02, 2-core AMD EPYC, float32, alone): 12 questions in 6 chunks, 52.5 min; IG 6.4 s and
+   difficulty 255.9 s per question, 40.0x (36.2x after the first chunk); the 135M solver never searched.
 """
 
 from __future__ import annotations

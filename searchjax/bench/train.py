@@ -16,6 +16,10 @@ Rows:
     with the launchers' transparent-huge-page malloc setting, no remat and the layer loop unrolled, torch eager
     without huge pages (its faster setting) and without checkpointing, intra-op threads = cores.
     `ratio` on the jax row = jax tokens/s / torch tokens/s (goal >= 1).
+  * update/torch_compile: the torch side with the model under `torch.compile` (inductor's default mode), a
+    third fresh process alternated with the other two, where a probe (a tiny compiled forward and backward in
+    a fresh process) shows torch.compile works on this host; otherwise the row says why it is missing.
+    `ratio_vs_torch_compile` on the jax row compares against it (reported, no goal).
   * quickstart_step: configs/quickstart.py (--quick: its "smoke" variant) for 2 steps in a fresh process;
     per step, seconds in rollout, reward, old-logprob recompute (plus the reference's) and update, from the
     loop's own time/* metrics, and the process's peak resident memory so far. Step 1 includes compilation
@@ -97,9 +101,10 @@ def _jax_side(quick: bool, dtype: str):
     return _timed(update), {"first_s": time.perf_counter() - start, "peak_rss_gib": peak_rss_gib()}
 
 
-def _torch_side(quick: bool, dtype: str):
+def _torch_side(quick: bool, dtype: str, compiled: bool = False):
     """`common.alternate` side: the same update in torch eager, float32 parameters; bfloat16 through
-    `torch.autocast` (torch's mixed precision, the counterpart of ours)."""
+    `torch.autocast` (torch's mixed precision, the counterpart of ours). compiled: the model's forward through
+    `torch.compile` (inductor, its default mode; the backward is compiled with it), the second reference."""
     import contextlib
     import torch
     import transformers
@@ -114,6 +119,8 @@ def _torch_side(quick: bool, dtype: str):
         del jax_params
         model = transformers.AutoModelForCausalLM.from_pretrained(tmp, torch_dtype=torch.float32)
     model.train()
+    if compiled:
+        model = torch.compile(model)  # shares the parameters the optimizer below updates
     batch = {k: torch.from_numpy(np.asarray(v)) for k, v in _synthetic_batch(vocab, quick).items()}
     ids, mask = batch["input_ids"].long(), batch["attention_mask"].long()
     _, prompt_len, response_len = _shapes(quick)
@@ -154,6 +161,18 @@ def _torch_side(quick: bool, dtype: str):
     return _timed(run), {"peak_rss_gib": peak_rss_gib(), "torch_threads": threads}
 
 
+def _torch_compile_probe(queue) -> None:
+    """Whether torch.compile (inductor, which builds C++ kernels on a CPU) works in this environment:
+    puts "" or the first line of its error."""
+    try:
+        import torch
+        x = torch.randn(8, 8, requires_grad=True)
+        torch.compile(lambda a: (torch.sin(a) @ a).sum())(x).backward()
+        queue.put("")
+    except Exception as error:  # noqa: BLE001 -- any failure means "no second reference here", reported as such
+        queue.put(f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}")
+
+
 def _quickstart_side(quick: bool, queue) -> None:
     from searchjax import runtime
     runtime.enable_compilation_cache()
@@ -186,9 +205,12 @@ def _quickstart_side(quick: bool, queue) -> None:
 def run(args: BenchArgs) -> list[dict]:
     rows_n, p, r = _shapes(args.quick)
     tokens = rows_n * (p + r)
-    timed = common.alternate({"jax": (_jax_side, (args.quick, args.dtype), common.ours_environ()),
-                              "torch": (_torch_side, (args.quick, args.dtype), common.torch_environ())},
-                             rounds=args.iters, warmup=args.warmup)
+    sides = {"jax": (_jax_side, (args.quick, args.dtype), common.ours_environ()),
+             "torch": (_torch_side, (args.quick, args.dtype), common.torch_environ())}
+    compile_error = common.in_fresh_process(_torch_compile_probe, environ=common.torch_environ())
+    if not compile_error:
+        sides["torch_compile"] = (_torch_side, (args.quick, args.dtype, True), common.torch_environ())
+    timed = common.alternate(sides, rounds=args.iters, warmup=args.warmup)
     jax_t, torch_t = timed["jax"], timed["torch"]
     jax_tps, torch_tps = tokens / jax_t["median_s"], tokens / torch_t["median_s"]
     rows = [
@@ -201,4 +223,13 @@ def run(args: BenchArgs) -> list[dict]:
          "tokens_per_s": torch_tps, "peak_rss_gib": torch_t["info"]["peak_rss_gib"],
          "threads": torch_t["info"]["torch_threads"], "cpus": os.cpu_count()},
     ]
+    if compile_error:
+        rows.append({"name": "update/torch_compile", "dtype": args.dtype, "unavailable": compile_error})
+    else:
+        compiled = timed["torch_compile"]
+        compiled_tps = tokens / compiled["median_s"]
+        rows[0]["ratio_vs_torch_compile"] = jax_tps / compiled_tps
+        rows.append({"name": "update/torch_compile", "dtype": args.dtype, "trajectories": rows_n, "tokens": tokens,
+                     "median_s": compiled["median_s"], "min_s": compiled["min_s"], "max_s": compiled["max_s"],
+                     "tokens_per_s": compiled_tps, "peak_rss_gib": compiled["info"]["peak_rss_gib"]})
     return rows + common.in_fresh_process(_quickstart_side, args.quick)

@@ -42,24 +42,28 @@ def decode_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_window:
     """softmax(scale q [k_window; k_new]^T) [v_window; v_new] for one query per row, merged exactly (above).
 
     q [B, N, D]; k_new, v_new [B, K, D] (the token's own key/value, always visible); k_window [B, K, D, W] and
-    v_window [B, K, W, D] heads-major (read only); visible [B, W] bool (window slot s is attended iff
-    visible[b, s]).
+    v_window [B, K, W, D] heads-major (read only), in q's dtype or a wider one holding q's dtype's values;
+    visible [B, W] bool (window slot s is attended iff visible[b, s]).
     Returns [B, N, D] in q's dtype.
     """
     B, N, D = q.shape
     K = k_window.shape[1]  # [B, K, D, W]
     G = N // K
     dt = q.dtype
+    # The window's products run in the wider of the two dtypes: a float32 window of a bfloat16 model holds
+    # bfloat16 values exactly (`decode_steps.split_cache`), so q and the probabilities, rounded to dt first,
+    # give the products of the compute dtype with float32 accumulation, as the bfloat16 window does.
+    wide = jnp.promote_types(dt, k_window.dtype)
     q_groups = q.reshape(B, K, G, D)
-    logits = matmul("bkgd,bkds->bkgs", q_groups, k_window.astype(dt), jnp.float32) * scale
+    logits = matmul("bkgd,bkds->bkgs", q_groups.astype(wide), k_window.astype(wide), jnp.float32) * scale
     logits = jnp.where(visible[:, None, None, :], logits, jnp.float32(-1e30))  # [B, K, G, W]
     own = jnp.einsum("bkgd,bkd->bkg", q_groups, k_new.astype(dt), preferred_element_type=jnp.float32) * scale
     peak = jnp.maximum(logits.max(axis=-1), own)  # [B, K, G]
     p_window = jnp.exp(logits - peak[..., None])
     p_own = jnp.exp(own - peak)
     total = p_window.sum(axis=-1) + p_own
-    window_out = matmul("bkgs,bksd->bkgd", (p_window / total[..., None]).astype(dt), v_window.astype(dt),
-                        jnp.float32)
+    window_out = matmul("bkgs,bksd->bkgd", (p_window / total[..., None]).astype(dt).astype(wide),
+                        v_window.astype(wide), jnp.float32)
     own_prob = (p_own / total).astype(dt).astype(jnp.float32)[..., None]
     own_out = own_prob * v_new.astype(dt).astype(jnp.float32)[:, :, None, :]
     return (window_out + own_out).astype(dt).reshape(B, N, D)

@@ -52,7 +52,9 @@ def _filled_cache(model, params):
     return cache, jnp.asarray(mask.sum(axis=1), jnp.int32)
 
 
-@pytest.mark.parametrize("form", ["per_layer", "stacked"])  # the CPU's step and the accelerators' (per_layer_decode)
+# the CPU's step (windows in CPU_WINDOW_DTYPE, as decode_loop makes them), the same with windows in the cache's
+# dtype, and the accelerators' (per_layer_decode)
+@pytest.mark.parametrize("form", ["per_layer", "per_layer_cache_dtype_windows", "stacked"])
 @pytest.mark.parametrize("dtype, tolerance", [("float32", 2e-5), ("bfloat16", 0.05)])
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form):
@@ -67,6 +69,8 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
     reference, ref_cache = jax.jit(lambda p, c: model.apply({"params": p}, token[:, None], lengths[:, None],
                                                             running[:, None], cache=c))(params, cache)
 
+    window_dtype = decode_steps.CPU_WINDOW_DTYPE if form == "per_layer" else None
+
     @jax.jit
     def step(params, cache):
         if form == "stacked":
@@ -75,7 +79,7 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
             return logits, decode_steps.unwindow_cache(cache, part)
         weights = decode_steps.layer_weights(params, model.config)
         logits, part = decode_steps.decode_forward(params, weights, model, token, lengths, running,
-                                                   decode_steps.split_cache(cache, W))
+                                                   decode_steps.split_cache(cache, W, window_dtype))
         return logits, decode_steps.merge_cache(cache, part)
 
     logits, new_cache = step(params, cache)
