@@ -170,7 +170,7 @@ def _torch_compile_probe(queue) -> None:
         torch.compile(lambda a: (torch.sin(a) @ a).sum())(x).backward()
         queue.put("")
     except Exception as error:  # noqa: BLE001 -- any failure means "no second reference here", reported as such
-        queue.put(f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}")
+        queue.put(f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}")
 
 
 def _quickstart_side(quick: bool, queue) -> None:
