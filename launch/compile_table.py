@@ -3,6 +3,7 @@ r"""The compile-check table of docs/compile_check.md: the papers' configs x TPU 
   nice -n 10 python -m launch.compile_table                      # runs what is missing, then writes the doc
   python -m launch.compile_table --only "EviBack qwen3-0.6b"     # entries whose label contains this text
   python -m launch.compile_table --write_only                    # rewrite the doc from the cache
+  python -m launch.compile_table --reproject                     # redo the cached projections, then the doc
 
 Each (entry, topology) pair runs `launch.compile_check` in its own process (minutes on 2 cores) and leaves
 one JSON in --cache_dir (rewritten after each attempt); a pair whose JSON is complete is skipped, so an
@@ -10,6 +11,10 @@ interrupted table resumes where it stopped (delete a JSON to redo it). A config 
 not fit the topology gets the overrides of `searchjax.aot.check.batch_fit`; one whose update runs out of
 memory is retried with mesh.tensor doubled, twice at most (not one whose rollout does: its KV cache is
 sharded over the batch only); every attempt and its overrides are recorded and shown.
+
+The projection is analytic (`searchjax.aot.check.project`: roofline x calls, nothing compiled), so when the
+rollout's shapes or the roofline change, `--reproject` recomputes it for every cached pair (the last attempt's
+config and overrides, in this process, seconds per pair) and keeps the compiled figures as they are.
 """
 
 import json
@@ -46,6 +51,8 @@ _ONLY = flags.DEFINE_string("only", "", "Run only entries whose label contains t
 _TOPOS = flags.DEFINE_list("topologies", list(TOPOLOGIES), "Topologies to run.")
 _TIMEOUT = flags.DEFINE_integer("timeout_s", 3600, "Per compile_check process.")
 _WRITE_ONLY = flags.DEFINE_bool("write_only", False, "Only rewrite the doc from the cache.")
+_REPROJECT = flags.DEFINE_bool("reproject", False, "Recompute the projection of every cached pair (both kinds) "
+                                "with the code as it is now, then rewrite the doc; compiled figures are kept.")
 _PROJECT_ONLY = flags.DEFINE_bool("project_only", False, "The analytic projection of every pair (no compilation; "
                                   "seconds per pair), cached apart from the compiled results.")
 
@@ -138,11 +145,38 @@ def _kind() -> str:
     return "projection" if _PROJECT_ONLY.value else "compiled"
 
 
+def reproject(cache: pathlib.Path) -> None:
+    """Replace the projection in the last attempt of every cached pair with the current code's (see the module
+    docstring); pairs whose last attempt has no result are left as they are."""
+    import jax
+    jax.config.update("jax_platforms", "cpu")
+    from searchjax.aot import check
+    for topology in TOPOLOGIES:
+        for label, spec in ENTRIES:
+            for kind in ("compiled", "projection"):
+                path = cache / _key(label, topology, kind)
+                row = json.loads(path.read_text()) if path.exists() else None
+                last = row["attempts"][-1] if row else None
+                if not last or last["result"] is None:
+                    continue
+                config = _load_config(spec)
+                for field, value in last["overrides"].items():  # "batch.micro_batch_size" -> config.batch...
+                    section, name = field.split(".")
+                    setattr(config[section], name, value)
+                result = check.check(config, topology, compile_programs=False, log=lambda *_: None)
+                before, last["result"]["projection"] = last["result"]["projection"]["step_s"], result["projection"]
+                path.write_text(json.dumps(row, indent=1, default=str))
+                print(f"{label} @ {topology} ({kind}): projected step {before:.1f} -> "
+                      f"{result['projection']['step_s']:.1f} s", flush=True)
+
+
 def main(argv):
     del argv
     cache = pathlib.Path(_CACHE.value)
     cache.mkdir(parents=True, exist_ok=True)
-    if not _WRITE_ONLY.value:
+    if _REPROJECT.value:
+        reproject(cache)
+    elif not _WRITE_ONLY.value:
         for topology in _TOPOS.value:
             for i, (label, spec) in enumerate(ENTRIES):
                 path = cache / _key(label, topology, _kind())

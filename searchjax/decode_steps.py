@@ -10,19 +10,22 @@ value / nucleus on-off), the EOS ids, the decode window and the mesh. Shapes are
   batch B  -> d * 2^k (d = the mesh's batch shard count, 1 without a mesh),
   prompt P -> 2^k >= 8 (only if that leaves no free slot: a multiple of 16, else the exact length),
   append A -> 2^k >= 16 (`append_bucket`; only if that does not fit: a multiple of 16),
-  window W -> 2^k >= 16 covering the slots used after the call, capped at S (`decode_window`): what decode,
-    prefill and append attend over (slots past it are empty),
+  window W -> 2^k >= 16 up to 1,024 slots, then quarter octaves (1280, 1536, ..., 2560, 3072, ...), covering
+    the slots used after the call (prefill, append) or the launch (decode: `generation.decode_segments`
+    splits a long call into launches whose window grows with the text), capped at S (`decode_window`):
+    what decode, prefill and append attend over (slots past it are empty),
   stop-automaton states -> 2^k >= 8, and for `generate` the cache S = P + 2^k >= P + max_new_tokens.
 Bound: for a fixed (B, S), model and mesh, a session compiles prefill once per prompt bucket (<= log2(S) - 2
 of them; its window is its bucket's), append once per (block bucket, window) pair it meets, and decode at
-most (log2(S / 16) + 2) times per (sampling mode, stop-state bucket) pair -- one per window. A rollout with
-one observation bucket, one sampling setting and one stop set thus compiles at most ~3 log2(S) programs in
-all (S = 2048: <= 9 prefill + 8 append + 9 decode), and every later batch of the same (B, S) reuses them.
+most once per (sampling mode, stop-state bucket, window): 7 windows up to 1,024 slots, 4 per octave above,
+plus S itself. A rollout with one observation bucket, one sampling setting and one stop set thus compiles a
+bounded set (S = 2048: <= 9 prefill + 11 append + 11 decode; S = 6144: 6 more windows), and every later
+batch of the same (B, S) reuses them.
 
 Decode step cost. Each step reads every weight once and the window's keys and values once, and writes one
 slot per layer; it copies no weight and no layer's window (a test checks the optimized HLO of the loop
 body). How: `decode_loop` makes per-layer weights (`layer_weights`) and per-layer window buffers
-(`split_cache`, heads-major) once per call, before its loop, and puts the windows back afterwards
+(`split_cache`, heads-major) once per launch, before its loop, and puts the windows back afterwards
 (`merge_cache`, in place). The step (`decode_forward`) runs the layers unrolled; each attends over its
 window read-only plus the new token, the two softmax parts merged exactly (`searchjax.models.decode_attention`),
 and writes just the token's slot. (The former step sliced each layer's cache and weights out of the stacked
@@ -126,7 +129,7 @@ def process_logits(logits, logits_fn, logits_processor, tokens, lengths):
 
 
 def layer_weights(params, config) -> list:
-    """params["layers"] (stacked [L, ...]) as L per-layer trees in the compute dtype, made once per decode call,
+    """params["layers"] (stacked [L, ...]) as L per-layer trees in the compute dtype, made once per decode launch,
     before its loop (every layer weight is used in the compute dtype, so the cast changes no result).
 
     Why: XLA:CPU cannot hand a dot a slice of a bigger buffer, so a step that slices layer i's weights out of
@@ -141,14 +144,14 @@ def layer_weights(params, config) -> list:
 # The dtype of the per-layer decode windows on a CPU. XLA:CPU (jax 0.10.2) runs decode attention's bf16 products
 # (3 query rows per kv head against the window) on one thread at ~5 GB/s of window, its f32 ones at ~14 GB/s: 30
 # layers of it at batch 8 over 4,096 slots took 140-166 ms with bf16 windows and 106 ms with f32 ones holding
-# twice the bytes (2-core AMD EPYC with AVX-512 BF16). The windows are copies made once per decode call anyway;
-# in f32 they take twice the memory of a bf16 cache's window and hold its values exactly.
+# twice the bytes (2-core AMD EPYC with AVX-512 BF16). The windows are copies made once per decode launch
+# anyway; in f32 they take twice the memory of a bf16 cache's window and hold its values exactly.
 CPU_WINDOW_DTYPE = jnp.float32
 
 
 def split_cache(cache: Optional[KVCache], window: int, dtype=None) -> Optional[KVCache]:
     """The cache's first `window` slots as one heads-major buffer per layer: k = a tuple of L arrays [B, K, D, W]
-    (keys slot-minor), v = L arrays [B, K, W, D] (copies, once per decode call), in `dtype` (default: the
+    (keys slot-minor), v = L arrays [B, K, W, D] (copies, once per decode launch), in `dtype` (default: the
     cache's; a wider one holds the cache's values exactly, and `merge_cache` rounds nothing when it writes
     them back). Per-layer buffers let each step's products read a layer's window in place and write only the
     new slot into it (a slice of the stacked [L, ...] cache would be a copy per layer and step); heads-major
@@ -223,7 +226,7 @@ def decode_forward(params, weights, model, token, position, running, cache: KVCa
     """One token per row (token/position/running [B]) through the model -> (logits [B, V] f32, cache).
 
     `cache` is `split_cache`'s per-layer form (L heads-major buffers, k [B, K, D, W], v [B, K, W, D]) and `weights` is
-    `layer_weights`' per-layer list, both made once per decode call. The layers run unrolled (whatever
+    `layer_weights`' per-layer list, both made once per decode launch. The layers run unrolled (whatever
     config.scan_layers says: that switch is for the full forward; SmolLM2's 30 compile in ~12-16 s here):
     each reads its own weights and window in place, attends over the window read-only plus the token itself
     (`decode_attention`: the two softmax parts merged exactly) and writes just the token's slot, so a step
@@ -295,7 +298,7 @@ def decode_forward_stacked(params, model, token, position, running, cache: KVCac
 
 
 def window_cache(cache: Optional[KVCache], window: int) -> Optional[KVCache]:
-    """The first `window` slots of the stacked cache (a copy, once per decode call; accelerators)."""
+    """The first `window` slots of the stacked cache (a copy, once per decode launch; accelerators)."""
     if cache is None or window >= cache.mask.shape[1]:
         return cache
     return KVCache(k=cache.k[:, :, :window], v=cache.v[:, :, :window], mask=cache.mask[:, :window],
@@ -332,14 +335,18 @@ def prefill(params, prompt_ids, prompt_mask, tokens, lengths, done, row_keys, *,
 
 @functools.partial(jax.jit, static_argnames=("model", "logits_fn", "mode", "eos_token_ids", "window", "mesh",
                                              "rules", "logits_processor"), donate_argnames=("state",))
-def decode_loop(params, state: SamplerState, budget, temperature, top_p, stop_next_state, stop_match, *, model,
-            logits_fn, mode, eos_token_ids, window, mesh, rules, logits_processor=None) -> SamplerState:
-    """Sample until every row has stopped or `budget` steps ran. One step = sample a token for each running
-    row from next_logits, advance its stop automaton, write it, and feed it to get the next logits. The loop
-    runs on the cache's first `window` slots (`decode_window`; the host guarantees the call stays inside): on
-    a CPU as per-layer copies with per-layer weights (`split_cache`, `layer_weights`, `decode_forward`), on
-    TPU and GPU on the stacked cache and weights (`decode_forward_stacked`); `per_layer_decode` says why.
-    Static: model, logits_fn, mode, window (recompile); dynamic: budget, temperature, top_p, the stop table."""
+def decode_loop(params, state: SamplerState, budget, segment, first, temperature, top_p, stop_next_state, stop_match,
+                *, model, logits_fn, mode, eos_token_ids, window, mesh, rules, logits_processor=None) -> SamplerState:
+    """One launch of a decode call: sample until every row has stopped or `segment` steps ran. One step =
+    sample a token for each running row from next_logits, advance its stop automaton, write it, and feed it
+    to get the next logits. `budget` is the steps the call has left (a row reaching it stops, "length"); a
+    row still running after `segment` steps stays running for the call's next launch, and only the first
+    launch (`first`) starts a new turn (turn_start, the stop automaton). `state.step` counts this launch's
+    steps. The loop runs on the cache's first `window` slots (`generation.decode_segments`; the host
+    guarantees the launch stays inside): on a CPU as per-layer copies with per-layer weights (`split_cache`,
+    `layer_weights`, `decode_forward`), on TPU and GPU on the stacked cache and weights
+    (`decode_forward_stacked`); `per_layer_decode` says why. Static: model, logits_fn, mode, window
+    (recompile); dynamic: budget, segment, first, temperature, top_p, the stop table."""
     batch, width = state.tokens.shape
     rows = jnp.arange(batch)
     eos = jnp.asarray(eos_token_ids if eos_token_ids else (-1,), jnp.int32)
@@ -348,10 +355,11 @@ def decode_loop(params, state: SamplerState, budget, temperature, top_p, stop_ne
     weights = layer_weights(params, model.config) if model is not None and per_layer else None
     cache = split_cache(full_cache, window, CPU_WINDOW_DTYPE) if per_layer else window_cache(full_cache, window)
     state = state.replace(cache=cache, step=jnp.zeros((), jnp.int32),
-                          turn_start=state.lengths, stop_state=jnp.zeros_like(state.stop_state))
+                          turn_start=jnp.where(first, state.lengths, state.turn_start),
+                          stop_state=jnp.where(first, 0, state.stop_state))
 
     def keep_going(st: SamplerState):
-        return (st.step < budget) & ~jnp.all(st.done)
+        return (st.step < segment) & ~jnp.all(st.done)
 
     def step(st: SamplerState) -> SamplerState:
         running = ~st.done

@@ -152,11 +152,41 @@ def append_bucket(width: int, slots_left: Optional[int] = None) -> int:
     return bucket
 
 
+FINE_WINDOWS_FROM = 1024  # decode windows above this many slots come in quarter octaves, not powers of two
+DECODE_SEGMENT = 256      # the fewest steps a decode launch runs before its window may grow (`decode_segments`)
+
+
 def decode_window(slots_needed: int, cache_len: int) -> int:
-    """Cache slots one `decode` call attends over: the next power of two (>= 16) of the slots it can reach
-    (used + max_new_tokens), capped at the cache length. Slots past it are still empty, so attention over the
-    window equals attention over the whole cache, at a cost that grows with the text, not the cache."""
-    return min(_pow2_at_least(slots_needed, 16), cache_len)
+    """Cache slots a decode, prefill or append attends over: the next power of two (>= 16) of the slots it can
+    reach, and past FINE_WINDOWS_FROM the next quarter octave (1280, 1536, 1792, 2048, 2560, ...), capped at
+    the cache length. Slots past it are still empty, so attention over the window equals attention over the
+    whole cache, at a cost that grows with the text, not the cache. Why quarter octaves up there: a step's
+    cost is mostly its window once the window outweighs the weights, and a power of two wastes up to half of
+    it (a Search-R1 turn ending at slot 2,600 would read 4,096), a quarter octave at most a fifth; below, the
+    weights dominate and fewer windows mean fewer programs to compile."""
+    needed = max(int(slots_needed), 1)
+    if needed <= FINE_WINDOWS_FROM:
+        return min(_pow2_at_least(needed, 16), cache_len)
+    quarter = (1 << (needed - 1).bit_length() - 1) // 4  # a quarter of the octave [2^k, 2^(k+1)) holding it
+    return min(-(-needed // quarter) * quarter, cache_len)
+
+
+def decode_segments(slots_used: int, max_new_tokens: int, cache_len: int) -> list[tuple[int, int]]:
+    """(window, steps) of each launch of one `decode` call when every row runs its whole budget: a launch
+    attends over `decode_window(slots_used + min(steps left, DECODE_SEGMENT))` and runs until the window is
+    full (or the budget is spent), then the next launch takes the next window. So the window grows with the
+    text during a long call instead of covering its end from the first step: a Search-R1 turn of 500 tokens
+    from slot 2,100 reads 2,560 slots for 460 steps and 3,072 for 40 rather than 3,072 for all 500. A launch
+    costs one copy of the window in and out (`decode_steps.split_cache` / `merge_cache`), a few steps' worth,
+    hence at least DECODE_SEGMENT steps per launch; a call that fits its first window is one launch, as before.
+    Rows that stop early only end the call sooner: the windows of the launches that run are these."""
+    used, left, segments = int(slots_used), int(max_new_tokens), []
+    while left > 0:
+        window = decode_window(used + min(left, DECODE_SEGMENT), cache_len)
+        steps = min(left, window - used)
+        segments.append((window, steps))
+        used, left = used + steps, left - steps
+    return segments
 
 
 def _check_tokens(rows, name: str, vocab_size: int, allow_empty: bool) -> list:
@@ -352,15 +382,22 @@ def decode(session: GenerationSession, max_new_tokens: int, *, temperature: floa
     mode = sampling.sampling_mode(temperature, top_p, top_k)
     table = stop_strings.stop_table(session.tokenizer, tuple(stop), session.vocab_size)
     # numpy scalars and table: jit places them replicated, also on a mesh that spans processes
-    state = decode_steps.decode_loop(session.params, state, np.int32(max_new_tokens), np.float32(max(temperature, 1e-6)),
-                    np.float32(top_p), np.asarray(table.next_state), np.int32(table.match_state),
-                    model=session.model, logits_fn=session.logits_fn, mode=mode,
-                    eos_token_ids=session.eos_token_ids,
-                    window=(decode_window(session.slots_used + max_new_tokens, session.cache_len)
-                            if session.model is not None else session.cache_len),  # no cache: one program
-                    mesh=session.mesh, rules=session.rules, logits_processor=session.logits_processor)
-    tokens, logprobs, lengths, turn_start, reasons, steps = _host(
-        (state.tokens, state.logprobs, state.lengths, state.turn_start, state.stop_reason, state.step))
+    segments = (decode_segments(session.slots_used, max_new_tokens, session.cache_len) if session.model is not None
+                else [(session.cache_len, max_new_tokens)])  # no cache: one program
+    steps, first = 0, True
+    for window, segment in segments:
+        state = decode_steps.decode_loop(
+            session.params, state, np.int32(max_new_tokens - steps), np.int32(segment), np.bool_(first),
+            np.float32(max(temperature, 1e-6)), np.float32(top_p), np.asarray(table.next_state),
+            np.int32(table.match_state), model=session.model, logits_fn=session.logits_fn, mode=mode,
+            eos_token_ids=session.eos_token_ids, window=window, mesh=session.mesh, rules=session.rules,
+            logits_processor=session.logits_processor)
+        ran, done = _host((state.step, state.done))
+        steps, first = steps + int(ran), False
+        if done.all():  # every row stopped (a launch that ran its window full leaves some running)
+            break
+    tokens, logprobs, lengths, turn_start, reasons = _host(
+        (state.tokens, state.logprobs, state.lengths, state.turn_start, state.stop_reason))
     results = [GenerationResult(token_ids=tokens[b, turn_start[b]:lengths[b]].tolist(),
                                 logprobs=np.asarray(logprobs[b, turn_start[b]:lengths[b]], np.float32),
                                 stop_reason=STOP_REASONS[int(reasons[b])])

@@ -121,7 +121,7 @@ def build_programs(config, mesh) -> tuple[list[compiler.Program], dict]:
 
 
 def project(config, mesh, programs: list[compiler.Program], chip: roofline.Chip) -> dict:
-    """The projected RL step: roofline x calls per program; decode per turn at that turn's window."""
+    """The projected RL step: roofline x calls per program; decode per turn at that turn's windows."""
     rows = []
     for p in programs:
         if not p.in_step:
@@ -131,10 +131,11 @@ def project(config, mesh, programs: list[compiler.Program], chip: roofline.Chip)
             continue
         s = progs.rollout_shapes(config, mesh)
         model_cfg = p.static["model"].config
-        for turn, window in enumerate(progs.decode_turn_windows(config, mesh)):
-            cost = roofline.decode_step_cost(model_cfg, progs._layout(mesh), rows=s["B"], window=window)
-            rows.append({"name": f"decode t{turn} W={window}", "cost": cost, "calls": s["sessions"] * s["steps"],
-                         "chips": p.chips})
+        for turn, segments in enumerate(progs.decode_turn_segments(config, mesh)):
+            for window, steps in segments:
+                cost = roofline.decode_step_cost(model_cfg, progs._layout(mesh), rows=s["B"], window=window)
+                rows.append({"name": f"decode t{turn} W={window}", "cost": cost, "calls": s["sessions"] * steps,
+                             "chips": p.chips})
     return roofline.project_step(rows, chip, mesh.size)
 
 

@@ -209,8 +209,8 @@ def rollout_programs(config, model, mesh) -> list[Program]:
     stops = protocol.STOP_STRINGS if r.search else (ANSWER_CLOSE,)
     table = stop_strings.token_automaton([], stops, cfg.vocab_size)  # the shape only: no tokenizer needed
     scalar = lambda dtype: _sds((), dtype, replicated)  # noqa: E731
-    decode_args = (params, state, scalar(jnp.int32), scalar(jnp.float32), scalar(jnp.float32),
-                   _sds(table.next_state.shape, jnp.int32, replicated), scalar(jnp.int32))
+    decode_args = (params, state, scalar(jnp.int32), scalar(jnp.int32), scalar(jnp.bool_), scalar(jnp.float32),
+                   scalar(jnp.float32), _sds(table.next_state.shape, jnp.int32, replicated), scalar(jnp.int32))
     decode = Program("decode", decode_steps.decode_loop, decode_args,
                      dict(static, mode=sampling.sampling_mode(r.temperature, r.top_p, r.top_k),
                           eos_token_ids=tuple(cfg.eos_token_ids), window=S),
@@ -231,15 +231,16 @@ def rollout_programs(config, model, mesh) -> list[Program]:
     return programs
 
 
-def decode_turn_windows(config, mesh) -> list[int]:
-    """`generation.decode_window` of each turn when every row uses its whole budget (for the projection)."""
+def decode_turn_segments(config, mesh) -> list[list[tuple[int, int]]]:
+    """Per turn, `generation.decode_segments` (window, steps) when every row uses its whole budget (for the
+    projection)."""
     from searchjax import generation
     s = rollout_shapes(config, mesh)
-    used, windows = s["P"], []
+    used, turns = s["P"], []
     for turn in range(s["turns"] + 1):
-        windows.append(generation.decode_window(used + s["steps"], s["S"]))
+        turns.append(generation.decode_segments(used, s["steps"], s["S"]))
         used += s["steps"] + (s["A"] if turn < s["turns"] else 0)
-    return windows
+    return turns
 
 
 def information_gain_program(config, model, mesh, anchor_cfg) -> Program:

@@ -117,7 +117,7 @@ def test_decode_loop_body_copies_no_window_and_no_weight(dtype):
                                  jnp.zeros((batch,), bool), jax.vmap(jax.random.key)(jnp.arange(batch)),
                                  model=model, logits_fn=None, cache_len=S, mesh=None, rules=None)
     hlo = decode_steps.decode_loop.lower(
-        params, state, np.int32(4), np.float32(1.0), np.float32(1.0), np.zeros((1, config.vocab_size), np.int32),
+        params, state, np.int32(4), np.int32(4), np.bool_(True), np.float32(1.0), np.float32(1.0), np.zeros((1, config.vocab_size), np.int32),
         np.int32(-1), model=model, logits_fn=None, mode=sampling.sampling_mode(0.0, 1.0, 0), eos_token_ids=(),
         window=W, mesh=None, rules=None).compile().as_text()
     body = _computation(hlo, re.search(r"body=%([\w.\-]+)", hlo).group(1))
