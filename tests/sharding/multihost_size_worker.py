@@ -1,13 +1,15 @@
 """One process of test_multihost_size.py's runs of the real training loop (not collected by pytest).
 
-    python multihost_size_worker.py PROCESS_ID NUM_PROCESSES PORT WORK_DIR TOTAL_STEPS SIGTERM_AT_STEP
+    python multihost_size_worker.py PROCESS_ID NUM_PROCESSES PORT WORK_DIR TOTAL_STEPS SIGTERM_AT_STEP INIT_NPZ
 
 Every run has 4 CPU devices in all (4 // NUM_PROCESSES per process) on a data 1 x fsdp 2 x tensor 2 mesh and
 trains a tiny random Qwen3 with `searchjax.experiment.loop.train` for TOTAL_STEPS steps over 4 prompts x 2
-samples per step: one process takes all 4 prompts, two processes 2 each (their `process_shard`). The rollout
-is fixed by each prompt's index (its lengths, ids and answers do not depend on the policy or the seed), so
-the runs see the same trajectories however the prompts are split; prompts 2 and 3 have longer prompts and
-responses than 0 and 1, so the second process needs larger length buckets than the first. Process 0 sends
+samples per step: one process takes all 4 prompts, two processes 2 each (their `process_shard`). The initial
+parameters come from INIT_NPZ, written once by the test (a process other than 0 never gets JAX's persistent-cache
+hits, so initialising here cost process 1 several seconds of compiling). The rollout is fixed by each prompt's
+index (its lengths, ids and answers do not depend on the policy or the seed), so the runs see the same
+trajectories however the prompts are split; prompts 2 and 3 have longer prompts and responses than 0 and 1, so
+the second process needs larger length buckets than the first. Process 0 sends
 itself SIGTERM during the rollout of step SIGTERM_AT_STEP (0 = never). Writes WORK_DIR/worker<ID>.json: the
 steps it ran, the batch shapes `make_batch` produced, the local maxima it was given, and the sampling seed the
 rollout would use for step seed 7.
@@ -53,7 +55,7 @@ def jax_process_index():
 
 def main():
     process_id, num_processes, port, work_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    total_steps, SIGTERM_AT[0] = int(sys.argv[5]), int(sys.argv[6])
+    total_steps, SIGTERM_AT[0], init_npz = int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
     import jax
     jax.config.update("jax_platforms", "cpu")
     jax.config.update("jax_num_cpu_devices", 4 // num_processes)
@@ -71,7 +73,8 @@ def main():
     from searchjax.agent.rollout import Prompt, process_seed
     from searchjax.config_files import sibling
     from searchjax.experiment import loop
-    from searchjax.models import Transformer, init_params
+    from flax import traverse_util
+    from searchjax.models import Transformer
     from searchjax.models.presets import get_preset
     from searchjax.rl import batching
 
@@ -108,7 +111,8 @@ def main():
     loop.ROLLOUT_FNS["fixed"] = fixed_rollout
 
     model_config = get_preset("tiny-qwen3", vocab_size=64, max_position_embeddings=512)
-    params = jax.tree.map(np.asarray, init_params(model_config, jax.random.key(0)))  # host values, same everywhere
+    with np.load(init_npz) as stored:  # host values, the same in every run and process
+        params = traverse_util.unflatten_dict({k: stored[k] for k in stored.files}, sep="/")
     prompts = [Prompt(uid=f"q{i}", question=f"q{i}", golden_answers=("0",)) for i in range(4)]
     components = loop.Components(model=Transformer(model_config), params=params,
                                  tokenizer=types.SimpleNamespace(pad_token_id=0), retriever=None,

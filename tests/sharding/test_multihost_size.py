@@ -1,9 +1,13 @@
 """Multi-host training through the real loop: 2 CPU processes == 1 process, agreed buckets, agreed SIGTERM.
 
 One run of 1 process (4 CPU devices) and one of 2 processes (2 devices each), same mesh, same 8 trajectories
-per step (multihost_size_worker.py). The 2-process run gets SIGTERM on process 0 only, during step 2; both
-processes must stop and save at the same step (JAX's preemption sync point), and the parameters they
-saved after step 2 must equal the 1-process run's after its 2 steps.
+per step (multihost_size_worker.py), from the same initial parameters. The 2-process run gets SIGTERM on process
+0 only, during step 2; both processes must stop and save at the same step (JAX's preemption sync point), and the
+parameters they saved after step 2 must equal the 1-process run's after its 2 steps.
+
+The runs are independent, so all three processes run at once: process 1 of the pair compiles every program
+afresh (JAX writes its persistent cache from process 0 only), on one core, while the others mostly load theirs
+from the cache and wait in collectives.
 """
 
 import json
@@ -17,27 +21,31 @@ WORKER = pathlib.Path(__file__).with_name("multihost_size_worker.py")
 LONG_RUN = 40  # steps the 2-process run would take without the SIGTERM
 
 
-def _start(process_id: int, num_processes: int, port: int, work_dir, total_steps: int, sigterm_at: int):
-    return start_worker(WORKER, process_id, num_processes, port, work_dir, total_steps, sigterm_at)
-
-
-def _params_at(work_dir: pathlib.Path, step: int):
+def _initial_params():
     from searchjax.models import init_params
     from searchjax.models.presets import get_preset
-    from searchjax.rl import checkpoint
     config = get_preset("tiny-qwen3", vocab_size=64, max_position_embeddings=512)
-    initial = init_params(config, jax.random.key(0))
+    return jax.tree.map(np.asarray, init_params(config, jax.random.key(0)))
+
+
+def _params_at(work_dir: pathlib.Path, step: int, initial):
+    from searchjax.rl import checkpoint
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), initial)
     params, restored = checkpoint.restore_params(work_dir / "checkpoints", abstract, step)
     assert restored == step
-    return initial, params
+    return params
 
 
 def test_two_processes_train_like_one_and_stop_together(tmp_path):
+    from flax import traverse_util
     single, pair = tmp_path / "one_process", tmp_path / "two_processes"
+    initial = _initial_params()
+    init_npz = tmp_path / "initial_params.npz"
+    np.savez(init_npz, **traverse_util.flatten_dict(initial, sep="/"))
     port = free_port()
-    wait_all([_start(i, 2, port, pair, LONG_RUN, 2) for i in range(2)], timeout=600)
-    wait_all([_start(0, 1, 0, single, 2, 0)], timeout=600)
+    runs = [start_worker(WORKER, i, 2, port, pair, LONG_RUN, 2, init_npz) for i in range(2)]
+    runs.append(start_worker(WORKER, 0, 1, 0, single, 2, 0, init_npz))
+    wait_all(runs, timeout=600)
 
     workers = [json.loads((pair / f"worker{i}.json").read_text()) for i in range(2)]
     assert [(w["process_count"], w["device_count"]) for w in workers] == [(2, 4), (2, 4)]
@@ -63,8 +71,7 @@ def test_two_processes_train_like_one_and_stop_together(tmp_path):
 
     # After step 2 the 2-process parameters equal the 1-process run's (one optimizer update per step over the
     # same 8 trajectories; only the order of float sums differs).
-    initial, one = _params_at(single, 2)
-    _, two = _params_at(pair, 2)
+    one, two = _params_at(single, 2, initial), _params_at(pair, 2, initial)
     moved = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in
                 zip(jax.tree.leaves(one), jax.tree.leaves(initial)))
     assert moved > 1e-4  # two AdamW steps of lr 1e-3 did move them
