@@ -160,9 +160,7 @@ def reproject(cache: pathlib.Path) -> None:
                 if not last or last["result"] is None:
                     continue
                 config = _load_config(spec)
-                for field, value in last["overrides"].items():  # "batch.micro_batch_size" -> config.batch...
-                    section, name = field.split(".")
-                    setattr(config[section], name, value)
+                config.update_from_flattened_dict(last["overrides"])  # {"batch.micro_batch_size": 128, ...}
                 result = check.check(config, topology, compile_programs=False, log=lambda *_: None)
                 before, last["result"]["projection"] = last["result"]["projection"]["step_s"], result["projection"]
                 path.write_text(json.dumps(row, indent=1, default=str))
