@@ -46,6 +46,7 @@ INSTALL_REQUIRES = [
 
 DEV_REQUIRES = [
     "pytest>=8",
+    "pytest-xdist==3.8.0",  # pytest.ini runs the suite in two worker processes
     "hypothesis>=6.100",
     # Parity references. torch 2.13.0 is a CPU wheel on this machine's disk; a looser pin would
     # pull a multi-GB CUDA build from the registry.

@@ -10,6 +10,15 @@ because of what an earlier run left in the user's cache: every run sees what a f
 Only the persistent XLA compilation cache is shared with the user's (it holds compiled programs, keyed
 by their HLO, never results), because recompiling every program would double the suite's wall time.
 Subprocesses started by tests inherit both variables.
+
+Two workers. pytest.ini runs the suite in 2 pytest-xdist worker processes, one test file at a time each
+(`--dist loadfile`: a file's module fixtures are made once). Much of a test's time is single-threaded
+(tracing, XLA compilation, Python around the model, subprocess start-up), so two workers on two cores
+finish sooner than one. The workers share the session's searchjax cache (made by the controlling process;
+every cache entry is written to a temporary sibling and renamed into place, so concurrent builders are
+safe) and the compilation cache. Files holding a test marked `heavy` are handed out first, most heavy tests
+first, so the two workers do not end with one long file running alone. `-n 0` runs everything in one
+process.
 """
 
 import atexit
@@ -19,11 +28,18 @@ import shutil
 import tempfile
 
 
+SESSION_CACHE_VAR = "SEARCHJAX_TEST_SESSION_CACHE"  # set by the controlling pytest process for its workers
+
+
 def _isolate_searchjax_cache() -> None:
+    inherited = os.environ.get(SESSION_CACHE_VAR)
+    if inherited and os.environ.get("PYTEST_XDIST_WORKER") and os.path.isdir(inherited):
+        os.environ["SEARCHJAX_CACHE"] = inherited  # an xdist worker: the controller made it and removes it
+        return
     user_cache = pathlib.Path(os.environ.get("SEARCHJAX_CACHE", pathlib.Path.home() / ".cache" / "searchjax"))
     os.environ.setdefault("SEARCHJAX_COMPILATION_CACHE", str(user_cache / "jax"))
     session_cache = tempfile.mkdtemp(prefix="searchjax-test-cache-")
-    os.environ["SEARCHJAX_CACHE"] = session_cache
+    os.environ["SEARCHJAX_CACHE"] = os.environ[SESSION_CACHE_VAR] = session_cache
     atexit.register(shutil.rmtree, session_cache, ignore_errors=True)
 
 
@@ -45,11 +61,21 @@ jax.config.update("jax_platforms", "cpu")
 runtime.enable_compilation_cache()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Files with the most `heavy` tests first (ties and the rest keep their order): xdist's loadfile scheduler
+    hands files out in this order (pytest.ini turns its own reordering, by test count, off)."""
+    heavy = {}
+    for item in items:
+        heavy[item.path] = heavy.get(item.path, 0) + (item.get_closest_marker("heavy") is not None)
+    order = {path: rank for rank, path in enumerate(heavy)}
+    items.sort(key=lambda item: (-heavy[item.path], order[item.path]))
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _release_compiled_programs():
     """Drop JAX's in-memory compiled programs after each test module.
 
-    Why: the whole suite runs in one process, and every loaded XLA:CPU executable keeps its JIT-linked code
+    Why: each worker runs many test files in one process, and every loaded XLA:CPU executable keeps its JIT-linked code
     mapped. Two fresh-clone runs of the suite crashed at the same point (94 %, a persistent-cache load inside
     tests/trainer/test_trainer_resume.py) while that test passes alone: the suspected cause is the process's
     accumulated executables (memory maps near vm.max_map_count = 65,530). Programs a later module needs

@@ -91,6 +91,7 @@ def test_a_failing_cell_fails_the_run(tmp_path, monkeypatch):
     assert nb.cells[2].execution_count is None  # execution stopped at the failing cell
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch):
     before = hashlib.sha256(path.read_bytes()).hexdigest()

@@ -131,6 +131,7 @@ def test_argument_bytes_equal_the_sharded_size_arithmetic(devices):
     assert report["collectives"]["all-gather"] > 0  # FSDP gathers the weights
 
 
+@pytest.mark.heavy
 def test_update_keeps_head_logits_split_over_the_rows(devices, monkeypatch):
     """sharding.activation_sharding in the update: each vocabulary chunk's [b, R, C] float32 logits stay split
     over the 4 batch shards. Without it GSPMD contracts over the fsdp-split hidden dimension and keeps them whole

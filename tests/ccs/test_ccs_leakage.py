@@ -12,6 +12,7 @@ local SmolLM2 reconstructor are reported, not gated (a 135M model is no reliable
 import re
 
 import numpy as np
+import pytest
 
 from ccs_helpers import final_turn, make_trajectory, search_turn, short_hits, trace_of
 from searchjax.agent.rollout import Prompt
@@ -90,6 +91,7 @@ def test_bottleneck_widens_the_evidence_gap_for_an_echoing_reconstructor(spacy_n
     assert gaps["masked"] > gaps["unmasked"]
 
 
+@pytest.mark.heavy
 def test_local_reconstructor_figures_are_reported(smollm2, spacy_ner, bm25, tokenizer, minilm):
     from searchjax.judges.local import LocalJudge, LocalJudgeConfig
     model, params, tok = smollm2

@@ -10,6 +10,7 @@ import json
 import pathlib
 
 import numpy as np
+import pytest
 
 from ccs_helpers import ShortPassages, scripted_logits_fn
 from searchjax.agent import protocol
@@ -45,6 +46,7 @@ def test_paper_presets():
         assert required_cache_len([[0] * 512], rollout_cfg) <= rollout_cfg.max_cache_len
 
 
+@pytest.mark.heavy
 def test_quickstart_smoke_runs_with_the_local_reconstructor(smollm2, bm25, tmp_path, monkeypatch):
     model, params, tokenizer = smollm2
     config = _config("quickstart_smoke")

@@ -130,6 +130,7 @@ def _same(a, b) -> bool:
     return all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+@pytest.mark.heavy
 def test_two_iterations_alternate_and_the_solver_becomes_the_anchor(drfree_tiny_model, drfree_tokenizer, tmp_path,
                                                                     monkeypatch):
     model, params = drfree_tiny_model

@@ -4,6 +4,8 @@ gathers, grades and writes; every file equals a one-process run's, byte for byte
 import json
 import pathlib
 
+import pytest
+
 from searchjax.eval import suite
 from worker_processes import run_two
 
@@ -20,6 +22,7 @@ def test_batch_shards_are_whole_batches_in_order():
     assert suite.batch_shard(5, 8) == (0, 5, 0)  # one process: everything
 
 
+@pytest.mark.heavy
 def test_two_processes_evaluate_like_one(tiny_dir, tmp_path):
     from two_process_eval_worker import QUESTIONS, evaluate_tiny
     one, two = tmp_path / "one", tmp_path / "two"

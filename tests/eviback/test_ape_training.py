@@ -86,6 +86,7 @@ def _config(bundle):
     return config
 
 
+@pytest.mark.heavy
 def test_traces_to_frozen_bundle_to_a_training_step(tiny_judge_model, tmp_path, monkeypatch):
     model, params, tokenizer, _ = tiny_judge_model
     teacher = LocalJudge(model, params, tokenizer, LocalJudgeConfig(max_prompt_tokens=1024, batch_rows=8))

@@ -6,6 +6,7 @@ import json
 import pathlib
 
 import numpy as np
+import pytest
 
 from retrieval import default_index
 from searchjax.agent.rollout import Trajectory
@@ -22,6 +23,7 @@ def _config(variant):
     return module.get_config(variant)
 
 
+@pytest.mark.heavy
 def test_quickstart_smoke_runs_with_the_local_teacher(smollm2, tmp_path, monkeypatch):
     model, params, tokenizer = smollm2
     config = _config("quickstart_smoke")

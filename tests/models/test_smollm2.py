@@ -4,6 +4,7 @@ and the closed-book greedy loop against transformers' greedy generate."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from searchjax.models import Transformer, positions_from_mask
 
@@ -30,6 +31,7 @@ def _our_logits(model, params, ids):
     return np.asarray(logits)
 
 
+@pytest.mark.heavy
 def test_logprobs_match_transformers_gguf_loader(smollm2, smollm2_hf_reference):
     import torch
     model, params, tokenizer = smollm2

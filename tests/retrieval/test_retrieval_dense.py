@@ -14,6 +14,7 @@ def _recall(results, questions):
     return float(np.mean([any(h.title == q.gold_title for h in hits) for hits, q in zip(results, questions)]))
 
 
+@pytest.mark.heavy
 def test_dense_recall_at_3_on_sample(dense_sample_index, dense_sample, questions):
     results = dense_sample_index.search([q.question for q in questions], topk=3)
     recall = _recall(results, questions)

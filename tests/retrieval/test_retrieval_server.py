@@ -31,8 +31,18 @@ class CountingIndex:
 
 
 @pytest.fixture(scope="module")
-def dense_server(dense_sample_index):
-    counting = CountingIndex(dense_sample_index)
+def server_index(dense_sample, minilm):
+    """A flat dense index over the first 256 passages of the dense sample: these tests check what the server does
+    with requests (shapes, batching, agreement with the in-process search), which needs a real encoder and
+    index but not the recall tests' 2,066 passages (their session index is encoded in whichever pytest worker
+    runs tests/retrieval/test_retrieval_dense.py, often not this one)."""
+    from retrieval.index import DenseIndex, DenseIndexConfig
+    return DenseIndex.build(dense_sample[:256], minilm, DenseIndexConfig(kind="flat"))
+
+
+@pytest.fixture(scope="module")
+def dense_server(server_index):
+    counting = CountingIndex(server_index)
     server = serve_in_thread(counting, limits=ServerLimits(max_queries=8, max_topk=20, max_query_chars=200,
                                                            max_body_bytes=64 << 10))
     yield server, counting
@@ -40,12 +50,12 @@ def dense_server(dense_sample_index):
     assert not server.thread.is_alive()
 
 
-def test_search_r1_request_and_response_shapes(dense_server, dense_sample_index):
+def test_search_r1_request_and_response_shapes(dense_server, server_index):
     server, counting = dense_server
     assert server.url.startswith("http://127.0.0.1:") and counting.warmed   # warmed up before serving
     queries = ["What is the capital of China?", "Who founded Microsoft?"]
     body = httpx.post(f"{server.url}/retrieve", json={"queries": queries, "topk": 3, "return_scores": True}).json()
-    expected = dense_sample_index.search(queries, 3)
+    expected = server_index.search(queries, 3)
     assert list(body) == ["result"] and len(body["result"]) == 2
     for row, hits in zip(body["result"], expected):
         assert [set(item) for item in row] == [{"document", "score"}] * 3
@@ -77,10 +87,10 @@ def test_malformed_bodies_get_4xx_and_server_keeps_serving(dense_server, body, s
     assert ok.status_code == 200 and len(ok.json()["result"][0]) == 1
 
 
-def test_32_concurrent_clients_are_batched(dense_server, dense_sample_index):
+def test_32_concurrent_clients_are_batched(dense_server, server_index):
     server, counting = dense_server
     words = ["capital", "river", "painter", "war", "mountain", "physicist", "composer", "empire"]
-    expected = {w: [h.id for h in hits] for w, hits in zip(words, dense_sample_index.search(words, 2))}
+    expected = {w: [h.id for h in hits] for w, hits in zip(words, server_index.search(words, 2))}
     calls_before = len(counting.calls)
 
     def client(c):
@@ -102,11 +112,11 @@ def test_32_concurrent_clients_are_batched(dense_server, dense_sample_index):
     assert len(calls) < 640 and max(calls) > 1, calls    # several requests shared one encoder call
 
 
-def test_http_and_in_process_retrievers_agree(dense_server, dense_sample_index):
+def test_http_and_in_process_retrievers_agree(dense_server, server_index):
     server, _ = dense_server
     queries = ["first president of the united states", "largest planet"]
     with HttpRetriever(server.url, timeout_s=30) as remote:
-        local = InProcessRetriever(dense_sample_index)
+        local = InProcessRetriever(server_index)
         assert isinstance(remote, Retriever) and isinstance(local, Retriever)
         got, want = remote.search(queries, 3), local.search(queries, 3)
         assert [[(h.id, h.title, h.text) for h in r] for r in got] == [[(h.id, h.title, h.text) for h in r] for r in want]

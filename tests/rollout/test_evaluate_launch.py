@@ -4,6 +4,8 @@ import importlib.util
 import json
 import pathlib
 
+import pytest
+
 from searchjax.data import qa_datasets
 from searchjax.eval import suite
 from searchjax.experiment import evaluation
@@ -23,6 +25,7 @@ def _config():
     return config
 
 
+@pytest.mark.heavy
 def test_evaluate_writes_predictions_and_table(tmp_path, capsys):
     config = _config()
     config.data.limit = 3

@@ -56,6 +56,7 @@ def _print_report(title: str, report: dict) -> None:
     print(f"\n{title}: " + json.dumps(report, sort_keys=True))
 
 
+@pytest.mark.heavy
 def test_search_r1_batch_at_ci_size(server, bm25):
     from searchjax.agent import protocol
     config = _config("search_r1", **{"rollout.max_turns": 2, "rollout.max_new_tokens_per_turn": 16})

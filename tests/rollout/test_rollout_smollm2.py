@@ -7,6 +7,7 @@ re-tokenisation), and every observation token is outside the loss mask.
 """
 
 import numpy as np
+import pytest
 
 from rollout_scripts import CountingRetriever, mask_runs
 from retrieval import default_index
@@ -17,6 +18,7 @@ from searchjax.data.qa_datasets import default_prompts
 from searchjax.scoring import token_logprobs
 
 
+@pytest.mark.heavy
 def test_smollm2_rollout_matches_teacher_forcing(smollm2):
     model, params, tok = smollm2
     prompts = default_prompts()[:2]

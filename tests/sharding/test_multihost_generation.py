@@ -22,6 +22,7 @@ import pathlib
 import sys
 
 import numpy as np
+import pytest
 
 from searchjax import generation
 from searchjax.agent import protocol
@@ -86,6 +87,7 @@ def _reference(model, params, prompts, seed, blocks):
     return {"first": first, "second": second, "sequences": generation.sequences(session)}
 
 
+@pytest.mark.heavy
 def test_two_process_mesh_generates_and_rolls_out_like_one_process(tiny_checkpoint, tiny_single,
                                                                  smollm2_gguf_path, tmp_path):
     from searchjax.tokenization import load_tokenizer

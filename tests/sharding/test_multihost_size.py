@@ -15,6 +15,7 @@ import pathlib
 
 import jax
 import numpy as np
+import pytest
 from worker_processes import free_port, start_worker, wait_all
 
 WORKER = pathlib.Path(__file__).with_name("multihost_size_worker.py")
@@ -36,6 +37,7 @@ def _params_at(work_dir: pathlib.Path, step: int, initial):
     return params
 
 
+@pytest.mark.heavy
 def test_two_processes_train_like_one_and_stop_together(tmp_path):
     from flax import traverse_util
     single, pair = tmp_path / "one_process", tmp_path / "two_processes"

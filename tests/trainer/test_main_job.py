@@ -73,6 +73,7 @@ def _masked_nll(model_dir, records) -> float:
     return total / count
 
 
+@pytest.mark.heavy
 def test_main_job_pipeline_on_a_tiny_model(tiny_model_dir, tmp_path, capsys):
     from searchjax.experiment import main_job
     from retrieval.index import default_index

@@ -10,11 +10,13 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 from trainer_fakes import tiny_model_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.heavy
 def test_launch_train_runs_one_step_with_sft_warm_start(task_tokenizer, tmp_path):
     from searchjax.agent import protocol
     from searchjax.models import init_params, save_pretrained

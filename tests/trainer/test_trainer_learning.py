@@ -162,6 +162,7 @@ def _series(rows: list[dict], key: str) -> list[float]:
     return [round(r[key], 2) for r in rows]
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("seed", SEEDS)
 def test_grpo_learns_to_search_only_when_retrieval_is_informative(warm_starts, tmp_path, seed):
     history = warm_starts(seed)[4]

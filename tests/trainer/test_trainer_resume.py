@@ -69,6 +69,7 @@ def _rows(workdir):
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "host/"))} for r in rows]  # machine-dependent
 
 
+@pytest.mark.heavy
 def test_sigterm_then_resume_is_bitwise_identical(tiny_model, tmp_path, monkeypatch):
     model, params = tiny_model
     monkeypatch.setitem(loop.ROLLOUT_FNS, "fake", fake_rollout)

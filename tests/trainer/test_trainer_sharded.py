@@ -3,6 +3,7 @@
 import jax
 import numpy as np
 import optax
+import pytest
 from trainer_fakes import random_trajectories
 
 from searchjax.rl import batching, trainer
@@ -44,6 +45,7 @@ def _assert_tree_close(actual, expected, rtol=1e-5, storage=None):
             f"+ ulp {ulp:.3e}")
 
 
+@pytest.mark.heavy
 def test_sharded_gradients_and_sgd_step_match_single_device(tiny_model):
     model, params = tiny_model
     assert jax.device_count() == 8
