@@ -25,8 +25,8 @@ batch of the same (B, S) reuses them.
 Decode step cost. Each step reads every weight once and the window's keys and values once, and writes one
 slot per layer; it copies no weight and no layer's window (a test checks the optimized HLO of the loop
 body). How: `decode_loop` makes per-layer weights (`layer_weights`) and per-layer window buffers
-(`split_cache`, heads-major) once per launch, before its loop, and puts the windows back afterwards
-(`merge_cache`, in place). The step (`decode_forward`) runs the layers unrolled; each attends over its
+(`split_cache`, heads-major) once per launch, before its loop, and writes the slots the launch wrote back
+afterwards (`merge_cache`, in place). The step (`decode_forward`) runs the layers unrolled; each attends over its
 window read-only plus the new token, the two softmax parts merged exactly (`searchjax.models.decode_attention`),
 and writes just the token's slot. (The former step sliced each layer's cache and weights out of the stacked
 [L, ...] arrays in a layer scan and let attention write the token into the layer's cache: on XLA:CPU those
@@ -165,16 +165,37 @@ def split_cache(cache: Optional[KVCache], window: int, dtype=None) -> Optional[K
                    mask=cache.mask[:, :window], index=cache.index)
 
 
-def merge_cache(full: Optional[KVCache], part: Optional[KVCache]) -> Optional[KVCache]:
-    """Write the per-layer windows of `split_cache` back over the first slots of the stacked cache (in place:
-    the full one is donated)."""
+# Slots per block when `merge_cache` writes a launch's new slots back (one block covers a short launch).
+MERGE_BLOCK = 128
+
+
+def merge_cache(full: Optional[KVCache], part: Optional[KVCache], written_from,
+                block: int = MERGE_BLOCK) -> Optional[KVCache]:
+    """Write the slots a decode launch wrote into `split_cache`'s per-layer windows, [written_from, part.index),
+    back into the stacked cache (in place: the full one is donated), `block` slots at a time.
+
+    Only those slots: every other window slot still holds the stacked cache's value (`split_cache` copied it
+    exactly and the steps wrote only at the index), so writing the whole window back (as this did before) moved
+    W slots per launch where a launch writes at most its steps. On a 2-core VM that whole-window write back (a
+    377 MB stacked temporary for 8 rows x 2,048 slots, first touched after the loop) cost 0.2-5 s per launch
+    (`docs/performance.md`, "Decode launches"). A block past the window's end starts earlier instead, at W -
+    block: it rewrites slots already equal, which changes nothing."""
     if full is None:
         return None
-    # one update of the stacked window, not one per layer: XLA:CPU copied the whole cache for each of those
-    k = update_slice_in_dim(full.k, jnp.stack([layer.transpose(0, 3, 1, 2) for layer in part.k]).astype(full.k.dtype),
-                            0, axis=2)
-    v = update_slice_in_dim(full.v, jnp.stack([layer.transpose(0, 2, 1, 3) for layer in part.v]).astype(full.v.dtype),
-                            0, axis=2)
+    window = part.mask.shape[1]
+    block = min(block, window)
+
+    def write(j, kv):
+        at = jnp.minimum(written_from + j * block, window - block)
+        # one update of all layers' block, not one per layer: XLA:CPU copied the whole cache for each of those
+        k_new = jnp.stack([jax.lax.dynamic_slice_in_dim(layer, at, block, axis=3).transpose(0, 3, 1, 2)
+                           for layer in part.k])
+        v_new = jnp.stack([jax.lax.dynamic_slice_in_dim(layer, at, block, axis=2).transpose(0, 2, 1, 3)
+                           for layer in part.v])
+        return update_slice_in_dim(kv[0], k_new, at, axis=2), update_slice_in_dim(kv[1], v_new, at, axis=2)
+
+    blocks = (part.index - written_from + block - 1) // block
+    k, v = jax.lax.fori_loop(0, blocks, write, (full.k, full.v))
     return KVCache(k=k, v=v, mask=jax.lax.dynamic_update_slice_in_dim(full.mask, part.mask, 0, axis=1),
                    index=part.index)
 
@@ -351,6 +372,7 @@ def decode_loop(params, state: SamplerState, budget, segment, first, temperature
     rows = jnp.arange(batch)
     eos = jnp.asarray(eos_token_ids if eos_token_ids else (-1,), jnp.int32)
     full_cache = state.cache
+    written_from = full_cache.index if full_cache is not None else None  # the launch's first slot
     per_layer = per_layer_decode(mesh)
     weights = layer_weights(params, model.config) if model is not None and per_layer else None
     cache = split_cache(full_cache, window, CPU_WINDOW_DTYPE) if per_layer else window_cache(full_cache, window)
@@ -388,7 +410,8 @@ def decode_loop(params, state: SamplerState, budget, segment, first, temperature
         return constrain_state(new, mesh, rules)
 
     state = jax.lax.while_loop(keep_going, step, constrain_state(state, mesh, rules))
-    merged = merge_cache(full_cache, state.cache) if per_layer else unwindow_cache(full_cache, state.cache)
+    merged = (merge_cache(full_cache, state.cache, written_from) if per_layer
+              else unwindow_cache(full_cache, state.cache))
     return constrain_state(state.replace(cache=merged), mesh, rules)
 
 

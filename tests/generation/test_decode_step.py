@@ -80,7 +80,7 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
         weights = decode_steps.layer_weights(params, model.config)
         logits, part = decode_steps.decode_forward(params, weights, model, token, lengths, running,
                                                    decode_steps.split_cache(cache, W, window_dtype))
-        return logits, decode_steps.merge_cache(cache, part)
+        return logits, decode_steps.merge_cache(cache, part, cache.index)
 
     logits, new_cache = step(params, cache)
     reference = np.asarray(reference[:, 0], np.float32)
@@ -95,6 +95,49 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
         np.testing.assert_array_equal(got[:, :, others], old[:, :, others])
         written = np.abs(want[:, :, FILLED]).max()
         assert np.abs(got[:, :, FILLED] - want[:, :, FILLED]).max() <= tolerance * written
+
+
+@pytest.mark.parametrize("written_from, written_to, block", [
+    (21, 22, 4),   # one slot (a decode step): one block
+    (3, 30, 4),    # several blocks; the last (27-31) reaches past 30 but not past the window
+    (21, 32, 4),   # to the window's end: the third block (29-33) is clamped to 28-32
+    (0, 32, 32),   # the whole window in one block
+    (10, 10, 4),   # a launch that ran no step writes nothing
+    (5, 27, 64),   # block wider than the window: one block of the whole window
+])
+@pytest.mark.parametrize("window_dtype", [jnp.float32, None])
+def test_merge_cache_writes_back_the_written_slots_only(written_from, written_to, block, window_dtype):
+    """merge_cache(full, split_cache(full) with slots [written_from, written_to) changed, written_from) equals
+    the stacked cache with exactly those slots (and the window's mask) replaced, bitwise, for blocks that
+    cover the range several times over, reach past the window (clamped) or exceed it."""
+    rng = np.random.default_rng(7)
+    L, B, K, D = 2, 3, 2, 4
+    full = KVCache(k=jnp.asarray(rng.normal(size=(L, B, S, K, D)), jnp.bfloat16),
+                   v=jnp.asarray(rng.normal(size=(L, B, S, K, D)), jnp.bfloat16),
+                   mask=jnp.asarray(rng.random((B, S)) < 0.5), index=jnp.int32(written_from))
+    part = decode_steps.split_cache(full, W, window_dtype)
+    new_k = rng.normal(size=(L, B, W, K, D)).astype(np.float32)  # what the steps wrote, layer by layer
+    new_v = rng.normal(size=(L, B, W, K, D)).astype(np.float32)
+    new_mask = rng.random((B, W)) < 0.5
+    slots = slice(written_from, written_to)
+    part = KVCache(
+        k=tuple(layer.at[:, :, :, slots].set(jnp.asarray(new_k[i, :, slots].transpose(0, 2, 3, 1), layer.dtype))
+                for i, layer in enumerate(part.k)),
+        v=tuple(layer.at[:, :, slots].set(jnp.asarray(new_v[i, :, slots].transpose(0, 2, 1, 3), layer.dtype))
+                for i, layer in enumerate(part.v)),
+        mask=jnp.asarray(new_mask), index=jnp.int32(written_to))
+    expected_k, expected_v = np.asarray(full.k, np.float32).copy(), np.asarray(full.v, np.float32).copy()
+    expected_k[:, :, slots] = np.asarray(jnp.asarray(new_k[:, :, slots], jnp.bfloat16), np.float32)
+    expected_v[:, :, slots] = np.asarray(jnp.asarray(new_v[:, :, slots], jnp.bfloat16), np.float32)
+    expected_mask = np.asarray(full.mask).copy()
+    expected_mask[:, :W] = new_mask
+
+    merged = jax.jit(decode_steps.merge_cache, static_argnames="block")(full, part, jnp.int32(written_from),
+                                                                       block=block)
+    np.testing.assert_array_equal(np.asarray(merged.k, np.float32), expected_k)
+    np.testing.assert_array_equal(np.asarray(merged.v, np.float32), expected_v)
+    np.testing.assert_array_equal(merged.mask, expected_mask)
+    assert int(merged.index) == written_to
 
 
 def _computation(hlo: str, name: str) -> str:
