@@ -22,6 +22,7 @@ V vocab, L layers. Parameters are stacked over layers (nn.scan) so params["layer
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Optional
 
@@ -449,8 +450,12 @@ def abstract_params(config: ModelConfig):
     return nn.unbox(_abstract_boxed_params(config))
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def init_params(config: ModelConfig, rng: jax.Array):
-    """Randomly initialised parameters as a plain dict (unboxed)."""
+    """Randomly initialised parameters as a plain dict (unboxed).
+
+    Jitted, one program per config: run op by op, the initialisation compiled its layer scan and a
+    random-number program per parameter shape (a tiny 2-layer model: 5.6 s of compilation against 2.8 s)."""
     model = Transformer(config)
     ids = jnp.zeros((1, 1), jnp.int32)
     return nn.unbox(model.init(rng, ids, ids, ids.astype(bool))["params"])

@@ -27,12 +27,12 @@ S, W, FILLED = 48, 32, 21  # cache slots, decode window, slots written before th
 def _model(name, dtype):
     config = transformer.ModelConfig(vocab_size=128, hidden_size=48, intermediate_size=96, num_layers=3,
                                      rms_norm_eps=1e-5, dtype=dtype, param_dtype="float32", **CONFIGS[name])
-    params = transformer.init_params(config, jax.random.key(3))
-    # large random weights (norm scales 1 + N(0, 0.3^2), matrices N(0, 0.3^2)): logits spread over several units
-    leaves, tree = jax.tree.flatten_with_path(params)
-    keys = jax.random.split(jax.random.key(4), len(leaves))
-    leaves = [1.0 + 0.3 * jax.random.normal(key, w.shape) if "norm" in jax.tree_util.keystr(path)
-              else 0.3 * jax.random.normal(key, w.shape) for (path, w), key in zip(leaves, keys)]
+    # large random weights (norm scales 1 + N(0, 0.3^2), matrices N(0, 0.3^2)): logits spread over several units.
+    # Drawn by numpy into the model's parameter shapes (no program compiled per shape, as jax.random's would be).
+    leaves, tree = jax.tree.flatten_with_path(transformer.abstract_params(config))
+    rng = np.random.default_rng(4)
+    leaves = [jnp.asarray(("norm" in jax.tree_util.keystr(path)) + 0.3 * rng.standard_normal(w.shape), w.dtype)
+              for path, w in leaves]
     return transformer.Transformer(config), jax.tree.unflatten(tree, leaves)
 
 
@@ -46,10 +46,30 @@ def _filled_cache(model, params):
     mask[2, -4:] = False
     ids = jnp.asarray(rng.integers(0, 128, size=(3, FILLED)), jnp.int32)
     positions = transformer.positions_from_mask(jnp.asarray(mask))
-    for block in (slice(0, 13), slice(13, FILLED)):
-        _, cache = model.apply({"params": params}, ids[:, block], positions[:, block], jnp.asarray(mask[:, block]),
-                               cache=cache)
-    return cache, jnp.asarray(mask.sum(axis=1), jnp.int32)
+
+    @jax.jit  # one program for both blocks (op by op, each block's layer scan compiled on its own)
+    def prefill(params, cache):
+        for block in (slice(0, 13), slice(13, FILLED)):
+            _, cache = model.apply({"params": params}, ids[:, block], positions[:, block],
+                                   jnp.asarray(mask[:, block]), cache=cache)
+        return cache
+    return prefill(params, cache), jnp.asarray(mask.sum(axis=1), jnp.int32)
+
+
+TOKEN, RUNNING = jnp.asarray([5, 77, 100], jnp.int32), jnp.asarray([True, True, False])
+_CASES = {}
+
+
+def _case(name, dtype):
+    """(model, params, filled cache, lengths, the full forward's logits and cache for the step's token), made
+    once per architecture and dtype: the three step forms are compared against the same reference."""
+    if (name, dtype) not in _CASES:
+        model, params = _model(name, dtype)
+        cache, lengths = _filled_cache(model, params)
+        reference, ref_cache = jax.jit(lambda p, c: model.apply({"params": p}, TOKEN[:, None], lengths[:, None],
+                                                                RUNNING[:, None], cache=c))(params, cache)
+        _CASES[name, dtype] = model, params, cache, lengths, reference, ref_cache
+    return _CASES[name, dtype]
 
 
 # the CPU's step (windows in CPU_WINDOW_DTYPE, as decode_loop makes them), the same with windows in the cache's
@@ -61,14 +81,8 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
     """Logits and the written slot equal the full forward's; every other slot is untouched (bitwise).
     Tolerance: max |difference| / max |logit|: float32 2e-5 (summation order only); bfloat16 5e-2 (the two
     forms round the same quantities at different points, e.g. the merged softmax's sum before the cast)."""
-    model, params = _model(name, dtype)
-    cache, lengths = _filled_cache(model, params)
-    token = jnp.asarray([5, 77, 100], jnp.int32)
-    running = jnp.asarray([True, True, False])
-
-    reference, ref_cache = jax.jit(lambda p, c: model.apply({"params": p}, token[:, None], lengths[:, None],
-                                                            running[:, None], cache=c))(params, cache)
-
+    model, params, cache, lengths, reference, ref_cache = _case(name, dtype)
+    token, running = TOKEN, RUNNING
     window_dtype = decode_steps.CPU_WINDOW_DTYPE if form == "per_layer" else None
 
     @jax.jit

@@ -61,6 +61,6 @@ def test_init_params_sharded_matches_unsharded_init(tiny_config):
     plain = init_params(tiny_config, jax.random.key(3))
     kernel = sharded["layers"]["mlp"]["up_proj"]["kernel"]
     assert kernel.sharding.spec == P(None, "fsdp", "tensor") and _shard_shape(kernel) == (2, 32, 64)
-    # Same random draws (threefry is partitionable); jit vs eager may round the scaling by one ulp.
+    # Same random draws (threefry is partitionable); two compilations may round the scaling by one ulp.
     jax.tree.map(lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=0), sharded,
                  plain)

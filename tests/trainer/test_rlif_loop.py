@@ -111,7 +111,8 @@ def _self_certainty_by_hand(model, params, row) -> float:
     from searchjax.models import positions_from_mask
     ids = np.asarray(row["prompt_ids"] + row["response_ids"], np.int32)[None]
     mask = np.ones_like(ids, bool)
-    logits, _ = model.apply({"params": params}, ids, positions_from_mask(mask), mask)
+    # jitted: one program per length (op by op, each length compiled every operation of the model anew)
+    logits, _ = jax.jit(model.apply)({"params": params}, ids, positions_from_mask(mask), mask)
     p = len(row["prompt_ids"])
     z = np.asarray(logits[0], np.float64)[p - 1:p - 1 + len(row["response_ids"])] / TEMPERATURE  # predict response
     kl = logsumexp(z, axis=-1) - z.mean(axis=-1) - np.log(z.shape[-1])
