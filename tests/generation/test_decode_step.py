@@ -4,6 +4,7 @@ each layer's cache and softmaxes over all of it), on tiny random models with a p
 compiled decode loop against copies of the window or the weights in its body.
 """
 
+import functools
 import re
 
 import jax
@@ -57,19 +58,15 @@ def _filled_cache(model, params):
 
 
 TOKEN, RUNNING = jnp.asarray([5, 77, 100], jnp.int32), jnp.asarray([True, True, False])
-_CASES = {}
-
-
+@functools.cache
 def _case(name, dtype):
     """(model, params, filled cache, lengths, the full forward's logits and cache for the step's token), made
     once per architecture and dtype: the three step forms are compared against the same reference."""
-    if (name, dtype) not in _CASES:
-        model, params = _model(name, dtype)
-        cache, lengths = _filled_cache(model, params)
-        reference, ref_cache = jax.jit(lambda p, c: model.apply({"params": p}, TOKEN[:, None], lengths[:, None],
-                                                                RUNNING[:, None], cache=c))(params, cache)
-        _CASES[name, dtype] = model, params, cache, lengths, reference, ref_cache
-    return _CASES[name, dtype]
+    model, params = _model(name, dtype)
+    cache, lengths = _filled_cache(model, params)
+    reference, ref_cache = jax.jit(lambda p, c: model.apply({"params": p}, TOKEN[:, None], lengths[:, None],
+                                                            RUNNING[:, None], cache=c))(params, cache)
+    return model, params, cache, lengths, reference, ref_cache
 
 
 # the CPU's step (windows in CPU_WINDOW_DTYPE, as decode_loop makes them), the same with windows in the cache's
