@@ -58,6 +58,8 @@ def _filled_cache(model, params):
 
 
 TOKEN, RUNNING = jnp.asarray([5, 77, 100], jnp.int32), jnp.asarray([True, True, False])
+
+
 @functools.cache
 def _case(name, dtype):
     """(model, params, filled cache, lengths, the full forward's logits and cache for the step's token), made
