@@ -106,13 +106,13 @@ def _train(reward_fn, model, params, workdir, monkeypatch):
     return metrics, rows, calls, updates
 
 
-def _self_certainty_by_hand(model, params, row) -> float:
-    """Mean KL(U || p) over the final response, from the logits of one unpadded forward, float64 numpy."""
+def _self_certainty_by_hand(forward, params, row) -> float:
+    """Mean KL(U || p) over the final response, from the logits of one unpadded forward (`forward`: the model's
+    apply, jitted once by the caller: one program per length), float64 numpy."""
     from searchjax.models import positions_from_mask
     ids = np.asarray(row["prompt_ids"] + row["response_ids"], np.int32)[None]
     mask = np.ones_like(ids, bool)
-    # jitted: one program per length (op by op, each length compiled every operation of the model anew)
-    logits, _ = jax.jit(model.apply)({"params": params}, ids, positions_from_mask(mask), mask)
+    logits, _ = forward({"params": params}, ids, positions_from_mask(mask), mask)
     p = len(row["prompt_ids"])
     z = np.asarray(logits[0], np.float64)[p - 1:p - 1 + len(row["response_ids"])] / TEMPERATURE  # predict response
     kl = logsumexp(z, axis=-1) - z.mean(axis=-1) - np.log(z.shape[-1])
@@ -128,7 +128,8 @@ def test_rlif_rewards_are_the_old_policy_passes_self_certainty(peaked_model, tmp
     metrics, rows, calls, updates = _train("rlif", model, params, tmp_path / "rlif", monkeypatch)
     assert len(rows) == 4 and metrics["reward/rlif/scored_tokens_mean"] > 0
     rows.sort(key=lambda r: (r["uid"], r["sample_index"]))
-    expected = np.array([_self_certainty_by_hand(model, params, r) for r in rows])
+    forward = jax.jit(model.apply)  # one wrapper for every row: op by op, each length compiled every operation
+    expected = np.array([_self_certainty_by_hand(forward, params, r) for r in rows])
     assert expected.max() > 0.5  # far from uniform: the comparison below is not between two near-zeros
     np.testing.assert_allclose([r["reward"] for r in rows], expected, rtol=1e-4, atol=1e-5)
     assert metrics["reward/mean"] == pytest.approx(expected.mean(), rel=1e-4)
