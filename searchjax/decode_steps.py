@@ -34,7 +34,9 @@ slices and the write are copies, ~60 % of a step with a 2,000-slot window.) The 
 slots bounds the reads, and sampling does not sort the vocabulary (`searchjax.sampling`), so a step's time
 grows with the text so far (`searchjax.bench.decode_window` measures how much), not with max_cache_len. The
 per-call copies cost one more set of layer weights and one window of memory while decoding (the window copy
-was made before too).
+was made before too). On one CPU device the step's attention and, at 2-32 rows, its products and LM head run as
+hand-written kernels (`searchjax.models.native`, `packed_decode`): XLA:CPU's code for those shapes read the
+window and the weights at a third of the host's bandwidth.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from searchjax import sampling, sharding
-from searchjax.models import KVCache, init_cache, lm_head_weight, positions_from_mask, transformer
+from searchjax.models import KVCache, init_cache, lm_head_weight, native, positions_from_mask, transformer
 from searchjax.models.decode_attention import decode_attention
 from searchjax.models.kernels import matmul, swiglu, update_slice, update_slice_in_dim
 
@@ -128,17 +130,44 @@ def process_logits(logits, logits_fn, logits_processor, tokens, lengths):
     return logits
 
 
-def layer_weights(params, config) -> list:
+def layer_weights(params, config, pack: bool = False) -> list:
     """params["layers"] (stacked [L, ...]) as L per-layer trees in the compute dtype, made once per decode launch,
-    before its loop (every layer weight is used in the compute dtype, so the cast changes no result).
+    before its loop (every layer weight is used in the compute dtype, so the cast changes no result). With
+    `pack`, each projection's matrix is in `native.pack_columns`' form instead ([N / NB, K, NB], q/k/v as
+    [H, heads x D], o_proj as [heads x D, H]) for the skinny-matmul kernel (`packed_decode`).
 
     Why: XLA:CPU cannot hand a dot a slice of a bigger buffer, so a step that slices layer i's weights out of
     the stacked tree (a scan over layers) copies every weight before using it: each step then reads the
     weights twice and writes them once (and with float32 storage and bfloat16 compute, converts them too).
     Made outside the loop, the copies cost one more set of layer weights in memory while decoding, once per
-    call, and every step reads each weight once."""
+    call, and every step reads each weight once. Packing is the same copy in another order."""
     dt = config.compute_dtype
-    return [jax.tree.map(lambda w: w[i].astype(dt), params["layers"]) for i in range(config.num_layers)]
+    layers = [jax.tree.map(lambda w: w[i].astype(dt), params["layers"]) for i in range(config.num_layers)]
+    if not pack:
+        return layers
+    for layer in layers:
+        attn = layer["attn"]
+        for name in ("q_proj", "k_proj", "v_proj"):
+            kernel = attn[name]["kernel"]  # [H, heads, D]
+            attn[name] = {**attn[name], "kernel": native.pack_columns(kernel.reshape(kernel.shape[0], -1))}
+        kernel = attn["o_proj"]["kernel"]  # [heads, D, H]
+        attn["o_proj"] = {**attn["o_proj"], "kernel": native.pack_columns(kernel.reshape(-1, kernel.shape[-1]))}
+        layer["mlp"] = {name: {**leaf, "kernel": native.pack_columns(leaf["kernel"])} if name.endswith("_proj")
+                        else leaf for name, leaf in layer["mlp"].items()}
+    return layers
+
+
+def packed_decode(config, batch: int, mesh: Optional[Mesh]) -> bool:
+    """Whether a CPU decode launch runs its projections and LM head through the skinny-matmul kernel
+    (`native.skinny_matmul`): on one device (XLA cannot partition the kernel's call), for 2-32 rows
+    (`native.SKINNY_ROWS`: one row is a matrix-vector product XLA:CPU streams at bandwidth already), every
+    output width a multiple of 8, and the kernel built here. At batch 8 it took SmolLM2's 30 layers and head
+    from 80 to 46 ms a step in float32 on a 2-core AMD EPYC (`docs/performance.md`)."""
+    low, high = native.SKINNY_ROWS
+    widths = (config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim, config.hidden_size,
+              config.intermediate_size, config.vocab_size)
+    return ((mesh is None or mesh.devices.size == 1) and low <= batch <= high
+            and all(native.column_block(width) for width in widths) and native.skinny_matmul_target() is not None)
 
 
 # The dtype of the per-layer decode windows on a CPU. XLA:CPU (jax 0.10.2) runs decode attention's bf16 products
@@ -200,9 +229,10 @@ def merge_cache(full: Optional[KVCache], part: Optional[KVCache], written_from,
                    index=part.index)
 
 
-def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, sin):
+def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, sin, native_attention, packed):
     """One decoder layer for one token per row: x [B, 1, H], windows k [B, K, D, W], v [B, K, W, D] -> (x,
-    windows with slot `index` written).
+    windows with slot `index` written). packed: the weights are `layer_weights(..., pack=True)`'s, for the
+    skinny-matmul kernel.
 
     The same maths as `transformer.DecoderLayer` over a cache (projections through `kernels.matmul` with the
     same casts, RMSNorm via the model's module, RoPE, SwiGLU), but attention is `decode_attention` over the
@@ -213,18 +243,21 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
     def norm(scale_params, h, axis="embed"):
         return transformer.RMSNorm(eps, axis, config.weight_dtype).apply({"params": scale_params}, h)
 
-    def project(name, h):
-        y = matmul("bth,hnd->btnd", h.astype(dt), attn[name]["kernel"].astype(dt))
+    def project(name, h, heads):
+        if packed:
+            y = native.skinny_matmul(h[:, 0].astype(dt), attn[name]["kernel"]).reshape(h.shape[0], 1, heads, D)
+        else:
+            y = matmul("bth,hnd->btnd", h.astype(dt), attn[name]["kernel"].astype(dt))
         return y + attn[name]["bias"].astype(dt) if config.qkv_bias else y
 
     h = norm(weights["attn_norm"], x)
-    q, k, v = project("q_proj", h), project("k_proj", h), project("v_proj", h)  # [B, 1, N | K, D]
+    q, k, v = project("q_proj", h, N), project("k_proj", h, K), project("v_proj", h, K)  # [B, 1, N | K, D]
     if config.qk_norm:
         q, k = norm(attn["q_norm"], q, "head_dim"), norm(attn["k_norm"], k, "head_dim")
     q, k = transformer.apply_rope(q, cos, sin), transformer.apply_rope(k, cos, sin)
     # as stored in the cache (which holds the compute dtype, `init_cache`'s default), then in the window's dtype
     k, v = k.astype(dt).astype(k_window.dtype), v.astype(dt).astype(v_window.dtype)
-    out = decode_attention(q[:, 0], k[:, 0], v[:, 0], k_window, v_window, visible, D ** -0.5)
+    out = decode_attention(q[:, 0], k[:, 0], v[:, 0], k_window, v_window, visible, D ** -0.5, native_attention)
     # Then write the slot, with values routed through the attention output (a select on `out > +inf`, false
     # for every number, NaN included: the values are k and v). That data dependency is what lets XLA write in
     # place: with none between the window's reads and the write, XLA cannot order them and copies the window
@@ -233,17 +266,24 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
     never = (out[:, 0, 0] > jnp.inf)[:, None, None, None]
     k_window = update_slice(k_window, jnp.where(never, 0, k.transpose(0, 2, 3, 1)), (0, 0, 0, index))
     v_window = update_slice(v_window, jnp.where(never, 0, v.transpose(0, 2, 1, 3)), (0, 0, index, 0))
+    mlp = weights["mlp"]
+    if packed:  # swiglu's maths and casts, each product through the kernel
+        x = x + native.skinny_matmul(out.reshape(out.shape[0], N * D), attn["o_proj"]["kernel"])[:, None]
+        h = norm(weights["mlp_norm"], x).astype(dt)[:, 0]
+        gate, up = (native.skinny_matmul(h, mlp[name]["kernel"]) for name in ("gate_proj", "up_proj"))
+        x = x + native.skinny_matmul(jax.nn.silu(gate) * up, mlp["down_proj"]["kernel"])[:, None]
+        return x, k_window, v_window
     # as one [B, N * D] x [N * D, H] product: with the two contracted axes (n, d) XLA:CPU chose to transpose the
     # weight to [D, N, H] (a copy per layer and step) rather than order the small activation
     x = x + matmul("be,eh->bh", out.reshape(out.shape[0], N * D),
                    attn["o_proj"]["kernel"].astype(dt).reshape(N * D, -1))[:, None]
-    mlp = weights["mlp"]
     h = norm(weights["mlp_norm"], x).astype(dt)
     x = x + swiglu(h, *(mlp[name]["kernel"].astype(dt) for name in ("gate_proj", "up_proj", "down_proj")))
     return x, k_window, v_window
 
 
-def decode_forward(params, weights, model, token, position, running, cache: KVCache):
+def decode_forward(params, weights, model, token, position, running, cache: KVCache, native_attention: bool = True,
+                   packed_head=None):
     """One token per row (token/position/running [B]) through the model -> (logits [B, V] f32, cache).
 
     `cache` is `split_cache`'s per-layer form (L heads-major buffers, k [B, K, D, W], v [B, K, W, D]) and `weights` is
@@ -254,6 +294,9 @@ def decode_forward(params, weights, model, token, position, running, cache: KVCa
     reads every weight once and the window's keys/values once and writes L x 2 slots; no window and no weight
     is copied. Visible window slots: the occupied ones before the write index (cache.mask & s < index); the
     token's own slot is always visible, which is `transformer.attention_mask` for a one-token block.
+    native_attention: attention by the CPU kernel where it is built (`decode_attention`); only for a step on one
+    device, since XLA cannot partition the kernel's call over a mesh. packed_head: the LM head in
+    `native.pack_columns`' form, given with `layer_weights(..., pack=True)`'s weights (`packed_decode`).
     """
     config = model.config
     index = cache.index
@@ -262,11 +305,15 @@ def decode_forward(params, weights, model, token, position, running, cache: KVCa
     visible = cache.mask & (jnp.arange(cache.mask.shape[1]) < index)[None]
     ks, vs = list(cache.k), list(cache.v)
     for i in range(config.num_layers):
-        x, ks[i], vs[i] = _decode_layer(config, weights[i], x, ks[i], vs[i], visible, index, cos, sin)
+        x, ks[i], vs[i] = _decode_layer(config, weights[i], x, ks[i], vs[i], visible, index, cos, sin,
+                                        native_attention, packed_head is not None)
     hidden = transformer.RMSNorm(config.rms_norm_eps, "embed", config.weight_dtype).apply(
         {"params": params["final_norm"]}, x)
-    head = lm_head_weight(params, config).astype(config.compute_dtype)
-    logits = matmul("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head, jnp.float32)
+    if packed_head is not None:
+        logits = native.skinny_matmul(hidden[:, -1].astype(config.compute_dtype), packed_head, jnp.float32)
+    else:
+        head = lm_head_weight(params, config).astype(config.compute_dtype)
+        logits = matmul("bh,hv->bv", hidden[:, -1].astype(config.compute_dtype), head, jnp.float32)
     slot_mask = jax.lax.dynamic_update_slice_in_dim(cache.mask, running[:, None], index, axis=1)
     return logits, KVCache(k=tuple(ks), v=tuple(vs), mask=slot_mask, index=index + 1)
 
@@ -374,7 +421,11 @@ def decode_loop(params, state: SamplerState, budget, segment, first, temperature
     full_cache = state.cache
     written_from = full_cache.index if full_cache is not None else None  # the launch's first slot
     per_layer = per_layer_decode(mesh)
-    weights = layer_weights(params, model.config) if model is not None and per_layer else None
+    one_device = mesh is None or mesh.devices.size == 1
+    packed = model is not None and per_layer and packed_decode(model.config, batch, mesh)
+    weights = layer_weights(params, model.config, pack=packed) if model is not None and per_layer else None
+    packed_head = (native.pack_columns(lm_head_weight(params, model.config).astype(model.config.compute_dtype))
+                   if packed else None)
     cache = split_cache(full_cache, window, CPU_WINDOW_DTYPE) if per_layer else window_cache(full_cache, window)
     state = state.replace(cache=cache, step=jnp.zeros((), jnp.int32),
                           turn_start=jnp.where(first, state.lengths, state.turn_start),
@@ -398,7 +449,8 @@ def decode_loop(params, state: SamplerState, budget, segment, first, temperature
         logits, cache = None, st.cache
         if model is not None:
             if per_layer:
-                logits, cache = decode_forward(params, weights, model, token, st.lengths, running, st.cache)
+                logits, cache = decode_forward(params, weights, model, token, st.lengths, running, st.cache,
+                                               native_attention=one_device, packed_head=packed_head)
             else:
                 logits, cache = decode_forward_stacked(params, model, token, st.lengths, running, st.cache)
         logits = process_logits(logits, logits_fn, logits_processor, tokens, lengths)

@@ -11,7 +11,9 @@ case) with the same per-call preparation as `decode_steps.decode_loop`; per-step
 
   * current: `decode_steps.decode_forward` (per-layer weights and windows made once per call, the windows in
     `decode_steps.CPU_WINDOW_DTYPE` as `decode_loop` makes them, the window read in place, the token merged
-    by log-sum-exp, one slot written per layer).
+    by log-sum-exp, one slot written per layer), with the CPU kernels where `decode_loop` uses them
+    (`searchjax.models.native`: attention always, the skinny matmul from 2 rows; `SEARCHJAX_NATIVE=0` runs
+    the jnp forms instead).
   * former: the step before it, which is still the accelerators' step, `decode_steps.decode_forward_stacked`
     (a scan over layers slicing each layer's cache and weights out of the stacked arrays, attention writing the
     token into the layer cache; `decode_steps.per_layer_decode` says which target runs which).
@@ -51,6 +53,7 @@ CACHE_LEN = 2048
 def _greedy_steps(params, cache, token, steps, *, model, window, former):
     """`steps` greedy steps from `token` (all rows running) on the cache's first `window` slots -> last tokens."""
     from searchjax import decode_steps
+    from searchjax.models import lm_head_weight, native
     position = jnp.full(token.shape, cache.index, jnp.int32)
     running = jnp.ones(token.shape, bool)
     if former:
@@ -59,11 +62,15 @@ def _greedy_steps(params, cache, token, steps, *, model, window, former):
         def forward(token, position, part):
             return decode_steps.decode_forward_stacked(params, model, token, position, running, part)
     else:
-        weights = decode_steps.layer_weights(params, model.config)
+        config = model.config
+        packed = decode_steps.packed_decode(config, token.shape[0], None)  # as decode_loop chooses
+        weights = decode_steps.layer_weights(params, config, pack=packed)
+        head = native.pack_columns(lm_head_weight(params, config).astype(config.compute_dtype)) if packed else None
         part = decode_steps.split_cache(cache, window, decode_steps.CPU_WINDOW_DTYPE)
 
         def forward(token, position, part):
-            return decode_steps.decode_forward(params, weights, model, token, position, running, part)
+            return decode_steps.decode_forward(params, weights, model, token, position, running, part,
+                                               packed_head=head)
 
     def step(_, carry):
         token, position, part = carry

@@ -32,6 +32,10 @@ Both sides are checked after every timed call: each row's tokens must equal its 
 Each side runs in its own fresh process (`common.alternate`), one untimed warm-up rollout (ours compiles
 there), then the rounds alternated; a figure is the median seconds of one whole rollout with its min-max.
 Goal: ours >= 3x transformers. `--quick` runs QUICK_ROWS rows with the same budgets and cache.
+
+A third side, "ours_jnp", is ours with the CPU kernels off (`SEARCHJAX_NATIVE=0`: XLA's own decode attention
+and products, `searchjax.models.native`), alternated with the other two, so the kernels' share of a rollout is
+measured side by side on the same host (`kernels_speedup` = ours_jnp / ours).
 """
 
 from __future__ import annotations
@@ -170,8 +174,9 @@ def _ours_side(dtype: str, s: Script):
     """`common.alternate` side: one scripted `rollout` of the script's rows; checks every response."""
     from searchjax.agent import rollout as rollout_lib
     from searchjax.data import assets
-    from searchjax.models import load_pretrained
+    from searchjax.models import load_pretrained, native
     tokenizer, retriever, prompts, _ = _inputs(len(s.questions))
+    side = "ours" if native.enabled() else "ours_jnp"
     model, params = load_pretrained(assets.smollm2_gguf(), dtype=dtype)
     processor = forcing_processor(stream_table(s, CACHE_LEN))
     cfg = rollout_config()
@@ -184,9 +189,9 @@ def _ours_side(dtype: str, s: Script):
         elapsed = time.perf_counter() - start
         for r, t in enumerate(trajectories):
             if t.response_ids != s.response(r) or t.end_reason != rollout_lib.END_ANSWER:
-                raise AssertionError(f"ours: row {r} left its script (end {t.end_reason}, {len(t.response_ids)} "
+                raise AssertionError(f"{side}: row {r} left its script (end {t.end_reason}, {len(t.response_ids)} "
                                      f"tokens, {len(s.response(r))} scripted)")
-        print(f"bench rollout: ours {elapsed:.1f} s", file=sys.stderr, flush=True)  # kept if a later call dies
+        print(f"bench rollout: {side} {elapsed:.1f} s", file=sys.stderr, flush=True)  # kept if a later call dies
         return elapsed, {"phases": {k: round(v, 2) for k, v in timings.items() if not k.endswith("_cpu")}}
 
     return run, {}
@@ -265,15 +270,17 @@ def run(args: common.BenchArgs) -> list[dict]:
     rounds = max(1, min(args.iters, 3))
     timed = common.alternate({
         "ours": (_ours_side, (args.dtype, s), common.ours_environ()),
+        "ours_jnp": (_ours_side, (args.dtype, s), common.ours_environ() | {"SEARCHJAX_NATIVE": "0"}),
         "transformers": (_transformers_side, (args.dtype, s), common.torch_environ()),
     }, rounds=rounds, warmup=args.warmup)
-    ours, reference = timed["ours"], timed["transformers"]
+    ours, ours_jnp, reference = timed["ours"], timed["ours_jnp"], timed["transformers"]
     generated = len(s.turns) * (TURNS + 1) * TURN_TOKENS
     observed = sum(len(o) for obs in s.observations for o in obs)
     fmt = lambda t: f"{t['median_s']:.4g} ({t['min_s']:.4g}-{t['max_s']:.4g})"  # noqa: E731
     return [{"case": f"rollout {len(s.turns)} rows x ({TURNS}+1) turns x {TURN_TOKENS}, top-{TOPK}, "
                      f"obs <= {OBS_TOKENS}", "dtype": args.dtype, "rounds": rounds,
-             "ours_s": fmt(ours), "transformers_s": fmt(reference),
+             "ours_s": fmt(ours), "ours_jnp_s": fmt(ours_jnp), "transformers_s": fmt(reference),
+             "kernels_speedup": ours_jnp["median_s"] / ours["median_s"],
              "speedup": reference["median_s"] / ours["median_s"], "goal_3x_met": reference["median_s"] >= 3 * ours["median_s"],
              "generated_tokens": generated, "observation_tokens": observed,
              "ours_generated_tok_s": generated / ours["median_s"],

@@ -27,29 +27,48 @@ key/value head n // G (HF's repeat_kv order). On the cache's own [B, W, K, D] la
 product against block-diagonal queries avoids it but does K times the multiply-adds, which made it compute
 bound here (SmolLM2, K = 3: 30 layers at batch 8 and 2,048 slots took 150-180 ms in float32 and 340 ms in
 bfloat16 against 125-150 ms heads-major).
+
+On a CPU the same maths runs as a hand-written kernel (`native.decode_attention_target`, C++ in
+`native/decode_attention.cc`) when the caller asks (`native=True`, which `decode_steps` does for a step on one
+CPU device) and the kernel is built: XLA:CPU's two skinny products read a float32 window at 8-9 GB/s, the
+kernel streams it at 20-25 GB/s (30 layers at batch 8 over 2,048 slots: 84-88 ms as products, ~40 ms as the
+kernel, 2-core AMD EPYC with AVX2; `docs/performance.md`, "Decode attention as a CPU kernel"). It computes the
+same softmax with one shared shift, in float32, with the probabilities rounded to the compute dtype before the
+product with V as here; only the order of float32 sums and its exp polynomial (relative error < 3e-7) differ.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from searchjax.models import native as native_kernels
 from searchjax.models.kernels import matmul
 
 
 def decode_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_window: jax.Array,
-                     v_window: jax.Array, visible: jax.Array, scale: float) -> jax.Array:
+                     v_window: jax.Array, visible: jax.Array, scale: float, native: bool = False) -> jax.Array:
     """softmax(scale q [k_window; k_new]^T) [v_window; v_new] for one query per row, merged exactly (above).
 
     q [B, N, D]; k_new, v_new [B, K, D] (the token's own key/value, always visible); k_window [B, K, D, W] and
     v_window [B, K, W, D] heads-major (read only), in q's dtype or a wider one holding q's dtype's values;
-    visible [B, W] bool (window slot s is attended iff visible[b, s]).
+    visible [B, W] bool (window slot s is attended iff visible[b, s]). native: run the CPU kernel where it is
+    built and takes the shapes (D and W multiples of 8, G <= 8); the caller says the step runs on one CPU device.
     Returns [B, N, D] in q's dtype.
     """
     B, N, D = q.shape
-    K = k_window.shape[1]  # [B, K, D, W]
+    K, W = k_window.shape[1], k_window.shape[3]  # [B, K, D, W]
     G = N // K
     dt = q.dtype
+    kernel_dtypes = (jnp.float32, jnp.bfloat16)
+    if (native and dt in kernel_dtypes and k_window.dtype in kernel_dtypes and v_window.dtype == k_window.dtype
+            and D % 8 == 0 and W % 8 == 0 and G <= 8 and (target := native_kernels.decode_attention_target())):
+        f32 = jnp.float32
+        out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((B, K, G, D), f32))(
+            q.reshape(B, K, G, D).astype(f32), k_new.astype(dt).astype(f32), v_new.astype(dt).astype(f32),
+            k_window, v_window, visible, scale=np.float32(scale), round_p=bool(dt == jnp.bfloat16))
+        return out.astype(dt).reshape(B, N, D)
     # The window's products run in the wider of the two dtypes: a float32 window of a bfloat16 model holds
     # bfloat16 values exactly (`decode_steps.split_cache`), so q and the probabilities, rounded to dt first,
     # give the products of the compute dtype with float32 accumulation, as the bfloat16 window does.

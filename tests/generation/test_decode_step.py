@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from searchjax import decode_steps, sampling
-from searchjax.models import KVCache, init_cache, transformer
+from searchjax.models import KVCache, init_cache, lm_head_weight, native, transformer
 
 # every architecture switch: GQA with q/k norms (Qwen3), q/k/v biases (Qwen2), tied embeddings (Llama), MHA
 CONFIGS = {
@@ -71,9 +71,10 @@ def _case(name, dtype):
     return model, params, cache, lengths, reference, ref_cache
 
 
-# the CPU's step (windows in CPU_WINDOW_DTYPE, as decode_loop makes them), the same with windows in the cache's
-# dtype, and the accelerators' (per_layer_decode)
-@pytest.mark.parametrize("form", ["per_layer", "per_layer_cache_dtype_windows", "stacked"])
+# the CPU's step as decode_loop runs it for a few rows (windows in CPU_WINDOW_DTYPE, the native kernels for
+# attention and, with packed weights, the products), the same with windows in the cache's dtype, the same without
+# the kernels (the jnp forms), and the accelerators' (per_layer_decode)
+@pytest.mark.parametrize("form", ["per_layer", "per_layer_cache_dtype_windows", "per_layer_jnp", "stacked"])
 @pytest.mark.parametrize("dtype, tolerance", [("float32", 2e-5), ("bfloat16", 0.05)])
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form):
@@ -82,7 +83,10 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
     forms round the same quantities at different points, e.g. the merged softmax's sum before the cast)."""
     model, params, cache, lengths, reference, ref_cache = _case(name, dtype)
     token, running = TOKEN, RUNNING
-    window_dtype = decode_steps.CPU_WINDOW_DTYPE if form == "per_layer" else None
+    window_dtype = None if form == "per_layer_cache_dtype_windows" else decode_steps.CPU_WINDOW_DTYPE
+    kernels = form != "per_layer_jnp"
+    if kernels and form != "stacked":  # the kernels are what runs here, not a fallback
+        assert decode_steps.packed_decode(model.config, len(TOKEN), None)
 
     @jax.jit
     def step(params, cache):
@@ -90,9 +94,12 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
             logits, part = decode_steps.decode_forward_stacked(params, model, token, lengths, running,
                                                                decode_steps.window_cache(cache, W))
             return logits, decode_steps.unwindow_cache(cache, part)
-        weights = decode_steps.layer_weights(params, model.config)
+        config = model.config
+        weights = decode_steps.layer_weights(params, config, pack=kernels)
+        head = native.pack_columns(lm_head_weight(params, config).astype(config.compute_dtype)) if kernels else None
         logits, part = decode_steps.decode_forward(params, weights, model, token, lengths, running,
-                                                   decode_steps.split_cache(cache, W, window_dtype))
+                                                   decode_steps.split_cache(cache, W, window_dtype),
+                                                   native_attention=kernels, packed_head=head)
         return logits, decode_steps.merge_cache(cache, part, cache.index)
 
     logits, new_cache = step(params, cache)
@@ -164,7 +171,9 @@ def test_decode_loop_body_copies_no_window_and_no_weight(dtype):
     """Optimized HLO of the decode loop: inside the while body nothing is made with the shape of a layer's
     window or of a weight except by the in-place slot writes (dynamic-update-slice fusions); in particular no
     copy, slice or dynamic-slice of them. Fails on the former step, which sliced layer caches and weights out
-    of the stacked arrays inside its layer scan."""
+    of the stacked arrays inside its layer scan. At 2 rows the step runs the CPU kernels (`native`): each
+    layer's attention is one call, fed the windows in place, and its 7 products and the LM head are calls of the
+    skinny matmul on weights packed once per launch, which are not copied either."""
     model, params = _model("llama_tied", dtype)  # float32 weights: with bfloat16 compute, no per-step casts either
     config = model.config
     batch = 2
@@ -177,9 +186,13 @@ def test_decode_loop_body_copies_no_window_and_no_weight(dtype):
         np.int32(-1), model=model, logits_fn=None, mode=sampling.sampling_mode(0.0, 1.0, 0), eos_token_ids=(),
         window=W, mesh=None, rules=None).compile().as_text()
     body = _computation(hlo, re.search(r"body=%([\w.\-]+)", hlo).group(1))
-    shapes = {(batch, config.num_kv_heads, W, config.head_dim)}  # a layer's window, heads-major
+    shapes = {(batch, config.num_kv_heads, W, config.head_dim),  # a layer's windows, heads-major
+              (batch, config.num_kv_heads, config.head_dim, W)}
     shapes |= {tuple(w.shape[1:]) for w in jax.tree.leaves(params["layers"]) if w.ndim > 2}
     shapes |= {tuple(params["embed"]["embedding"].shape)}
+    packed = jax.eval_shape(lambda p: (decode_steps.layer_weights(p, config, pack=True),
+                                       native.pack_columns(lm_head_weight(p, config))), params)
+    shapes |= {tuple(w.shape) for w in jax.tree.leaves(packed) if w.ndim == 3}
     offenders = []
     for line in body.splitlines():
         match = re.match(r"\s*(ROOT )?%(\S+) = (?:f32|bf16)\[([\d,]*)\]\{[^}]*\} (\S+)\(", line)
@@ -191,6 +204,9 @@ def test_decode_loop_body_copies_no_window_and_no_weight(dtype):
             offenders.append(line.strip()[:160])
     assert not offenders, "\n".join(offenders)
     assert body.count("dynamic-update-slice") >= 2 * config.num_layers  # the slot writes are there (in place)
+    # and the kernels' calls are there, reading the windows and the packed weights in place too
+    assert body.count(f'custom_call_target="{native.DECODE_ATTENTION_TARGET}"') == config.num_layers
+    assert body.count(f'custom_call_target="{native.SKINNY_MATMUL_TARGET}"') == 7 * config.num_layers + 1
 
 
 def test_per_layer_decode_is_for_cpu_targets_only():

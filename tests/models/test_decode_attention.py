@@ -1,18 +1,22 @@
 """`decode_attention` (one query per row over a read-only window plus the token, merged by log-sum-exp) against
-a numpy softmax over the visible window slots and the token, per row and query head."""
+a numpy softmax over the visible window slots and the token, per row and query head: the jnp form and the CPU
+kernel (`native=True`, `searchjax/models/native/decode_attention.cc`), which must be built on this machine."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from searchjax.models import native
 from searchjax.models.decode_attention import decode_attention
 
-B, K, G, D, W = 3, 2, 3, 8, 64
+B = 3
 
 
-def _reference(q, k_new, v_new, k_window, v_window, visible, scale):
-    """Per row and query head n (key/value head n // G): softmax over the visible window slots and the token."""
+def _reference(q, k_new, v_new, k_window, v_window, visible, scale, round_probs=False):
+    """Per row and query head n (key/value head n // G): softmax over the visible window slots and the token
+    (its normalised weights rounded to bfloat16 first with round_probs, as a bf16 model does)."""
+    G = q.shape[1] // k_window.shape[1]
     out = np.zeros(q.shape)
     for b in range(q.shape[0]):
         for n in range(q.shape[1]):
@@ -21,19 +25,67 @@ def _reference(q, k_new, v_new, k_window, v_window, visible, scale):
             values = np.concatenate([v_window[b, head][visible[b]], v_new[b, head][None]])
             logits = scale * keys @ q[b, n]
             weights = np.exp(logits - logits.max())
-            out[b, n] = weights / weights.sum() @ values
+            weights = weights / weights.sum()
+            if round_probs:
+                weights = weights.astype(jnp.bfloat16).astype(np.float64)
+            out[b, n] = weights @ values
     return out
 
 
-@pytest.mark.parametrize("filled", [0, 1, 40, 64])
-def test_decode_attention_equals_the_softmax_over_window_and_token(filled):
-    rng = np.random.default_rng(filled)
+def _inputs(seed, K, G, D, W, filled):
+    rng = np.random.default_rng(seed)
     shapes = dict(q=(B, K * G, D), k_new=(B, K, D), v_new=(B, K, D), k_window=(B, K, D, W), v_window=(B, K, W, D))
     inputs = {name: 2 * rng.normal(size=shape) for name, shape in shapes.items()}
     visible = np.repeat(np.arange(W)[None] < filled, B, axis=0)
     visible[1, :7] = False  # a left-padded row
     visible[2, filled // 2:] = False  # a row that stopped earlier
+    return inputs, visible
+
+
+def test_the_native_kernel_builds_here_and_is_what_native_calls():
+    """CI runs the kernel, not the fallback: it builds on this machine, and native=True lowers to its call."""
+    assert native.decode_attention_target() == native.DECODE_ATTENTION_TARGET
+    inputs, visible = _inputs(0, 2, 3, 8, 64, 40)
+    args = {name: jnp.asarray(value, jnp.float32) for name, value in inputs.items()}
+    lowered = {flag: jax.jit(lambda a, flag=flag: decode_attention(**a, visible=jnp.asarray(visible), scale=0.3,
+                                                                   native=flag)).lower(args).as_text()
+               for flag in (False, True)}
+    assert native.DECODE_ATTENTION_TARGET in lowered[True] and native.DECODE_ATTENTION_TARGET not in lowered[False]
+
+
+# (K, G, D, W): SmolLM2's 3 query heads per kv head on a small window, then Qwen2.5-0.5B's 7 per kv head with a
+# head dimension that leaves the kernel's 32-column blocks a tail, then one per kv head (multi-head attention).
+SHAPES = [(2, 3, 8, 64), (2, 7, 48, 40), (3, 1, 16, 16)]
+
+
+@pytest.mark.parametrize("form", ["jnp", "native"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "K%d-G%d-D%d-W%d" % s)
+@pytest.mark.parametrize("filled", [0, 1, 13, None])
+def test_decode_attention_equals_the_softmax_over_window_and_token(form, shape, filled):
+    K, G, D, W = shape
+    filled = W if filled is None else filled
+    inputs, visible = _inputs(filled, K, G, D, W, filled)
     want = _reference(**inputs, visible=visible, scale=0.3)
     got = decode_attention(**{name: jnp.asarray(value, jnp.float32) for name, value in inputs.items()},
-                           visible=jnp.asarray(visible), scale=0.3)
+                           visible=jnp.asarray(visible), scale=0.3, native=form == "native")
     np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("window_dtype", [jnp.float32, jnp.bfloat16])
+def test_bfloat16_attention_of_the_kernel_equals_the_jnp_form(window_dtype):
+    """A bf16 model: q, the token's key/value and the normalised probabilities are rounded to bf16 before the
+    products (f32 accumulation), over a bf16 window or an f32 one holding bf16 values; both forms agree to the
+    order of float32 sums (all but a few outputs bitwise), and both are the numpy softmax with the same roundings
+    to within one bf16 step of each output (half a step is the output's own rounding)."""
+    inputs, visible = _inputs(5, 2, 3, 64, 256, 200)
+    args = {name: jnp.asarray(value, jnp.bfloat16) for name, value in inputs.items()}
+    args["k_window"], args["v_window"] = args["k_window"].astype(window_dtype), args["v_window"].astype(window_dtype)
+    got = {flag: np.asarray(decode_attention(**args, visible=jnp.asarray(visible), scale=0.125, native=flag),
+                            np.float32) for flag in (False, True)}
+    rounded = {name: np.asarray(value, np.float64) for name, value in args.items()}
+    want = _reference(**rounded, visible=visible, scale=0.125, round_probs=True)
+    step = 2.0 ** (np.floor(np.log2(np.abs(want) + 1e-30)) - 7)  # one bf16 step at each output's magnitude
+    for flag in (False, True):
+        assert np.all(np.abs(got[flag] - want) <= step), flag
+    assert np.mean(got[True] != got[False]) < 0.05
+    np.testing.assert_allclose(got[True], got[False], rtol=2 ** -7, atol=1e-6)

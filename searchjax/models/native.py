@@ -1,0 +1,135 @@
+"""Hand-written CPU kernels for the decode step, compiled for the host on first use and called from jitted code
+through XLA's FFI.
+
+* decode attention (`native/decode_attention.cc`; `decode_attention.decode_attention` says when it runs);
+* skinny matmul (`native/skinny_matmul.cc`): a few rows against a weight packed in column blocks
+  (`pack_columns`), the decode step's projections and LM head at batch 2-32 (`decode_steps.layer_weights`).
+
+Both exist because XLA:CPU's code for these shapes runs far below the host's memory bandwidth
+(`docs/performance.md`, "CPU kernels for the decode step"). They are C++ against the headers jaxlib ships
+(`jax.ffi.include_dir()`), compiled with the host's C++ compiler at `-O3 -march=native` into
+`$SEARCHJAX_CACHE/native/` (default `~/.cache/searchjax/native/`), once per source, compiler flags, jaxlib
+version and CPU (the file name carries a hash of all of them, so a cache shared by hosts with different
+instruction sets never loads the wrong build). Several processes may build at once: each writes its own
+temporary file and renames it into place.
+
+A host without a C++ compiler, or a build that fails, gets a one-line warning and the jnp forms, which compute
+the same thing (`tests/models/test_native.py` and `test_decode_attention.py` check both against references).
+`SEARCHJAX_NATIVE=0` turns the kernels off (the benchmarks use it to time the jnp forms beside the kernels).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import pathlib
+import platform
+import shutil
+import subprocess
+import tempfile
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import jaxlib
+
+from searchjax.data import assets
+
+SOURCE_DIR = pathlib.Path(__file__).parent / "native"
+DECODE_ATTENTION_TARGET = "searchjax_decode_attention"
+SKINNY_MATMUL_TARGET = "searchjax_skinny_matmul"
+# The rows a skinny matmul takes: one row is a matrix-vector product XLA:CPU already streams at bandwidth, and
+# from a few dozen rows on its GEMM is efficient.
+SKINNY_ROWS = (2, 32)
+CXX_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+
+
+def enabled() -> bool:
+    """False when `SEARCHJAX_NATIVE=0` asks for the jnp forms everywhere."""
+    return os.environ.get("SEARCHJAX_NATIVE", "1") != "0"
+
+
+def _cpu_signature() -> str:
+    """What -march=native depends on: the CPU's model and instruction-set flags (Linux), else the machine."""
+    try:
+        lines = pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine()
+    wanted = ("model name", "flags", "Features", "CPU part")
+    return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in wanted}))
+
+
+def _build(source: pathlib.Path) -> pathlib.Path:
+    """Compile `source` into a shared library in the cache (reused when already built); raises on failure."""
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (g++, c++, clang++ or $CXX) on PATH")
+    texts = [path.read_text() for path in (source, SOURCE_DIR / "common.h")]
+    key = hashlib.sha256("\n".join([*texts, compiler, " ".join(CXX_FLAGS), jaxlib.__version__,
+                                    _cpu_signature()]).encode()).hexdigest()[:16]
+    out_dir = assets.cache_dir() / "native"
+    target = out_dir / f"{source.stem}-{key}.so"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        built = pathlib.Path(tmp) / target.name
+        command = [compiler, *CXX_FLAGS, f"-I{jax.ffi.include_dir()}", str(source), "-o", str(built)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed: {result.stderr.strip()[-2000:]}")
+        os.replace(built, target)  # atomic: a concurrent build of the same key writes the same bytes
+    return target
+
+
+@functools.cache
+def _target(name: str, source: str, symbol: str) -> Optional[str]:
+    """Build `source`, register its handler `symbol` as the CPU FFI target `name`; None (warned once) when it
+    cannot be built here."""
+    try:
+        library = ctypes.cdll.LoadLibrary(str(_build(SOURCE_DIR / source)))
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+    except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as error:
+        logging.warning("searchjax: native kernel %s unavailable, using the jnp form: %s", name,
+                        str(error).splitlines()[0] if str(error) else type(error).__name__)
+        return None
+    return name
+
+
+def decode_attention_target() -> Optional[str]:
+    """The FFI target of the decode-attention kernel (built on first call), or None when the kernels are off or
+    it cannot be built (`_target`)."""
+    return None if not enabled() else _target(DECODE_ATTENTION_TARGET, "decode_attention.cc", "SearchjaxDecodeAttention")
+
+
+def skinny_matmul_target() -> Optional[str]:
+    """The FFI target of the skinny-matmul kernel (built on first call), or None when the kernels are off or it
+    cannot be built (`_target`)."""
+    return None if not enabled() else _target(SKINNY_MATMUL_TARGET, "skinny_matmul.cc", "SearchjaxSkinnyMatmul")
+
+
+def column_block(columns: int) -> Optional[int]:
+    """The kernel's column block for a weight with `columns` outputs: 24 (a 4 x 24 tile of accumulators fills
+    AVX2's 16 registers with the 3 weight vectors and the broadcast row value), else 16 or 8; None when the
+    columns are not a multiple of 8."""
+    return next((block for block in (24, 16, 8) if columns % block == 0), None)
+
+
+def pack_columns(w: jax.Array) -> jax.Array:
+    """w [K, N] -> [N / NB, K, NB] (NB = `column_block(N)`): each block of NB output columns contiguous, so
+    the kernel streams it once. A copy: made once per decode launch, with the per-layer weights."""
+    K, N = w.shape
+    block = column_block(N)
+    return w.reshape(K, N // block, block).transpose(1, 0, 2)
+
+
+def skinny_matmul(x: jax.Array, packed: jax.Array, out_dtype=None) -> jax.Array:
+    """x [M, K] times the packed weight ([N / NB, K, NB], `pack_columns`) -> [M, N], accumulated in f32 and
+    returned in out_dtype (default x's): `kernels.matmul`'s contract. Needs `skinny_matmul_target()`."""
+    blocks, K, block = packed.shape
+    y = jax.ffi.ffi_call(SKINNY_MATMUL_TARGET, jax.ShapeDtypeStruct((x.shape[0], blocks * block), jnp.float32))(
+        x.astype(jnp.float32), packed)
+    return y.astype(x.dtype if out_dtype is None else out_dtype)

@@ -1,0 +1,68 @@
+"""The CPU kernels' build and the skinny matmul (`searchjax.models.native`): the product against numpy in float64
+for the decode step's row counts and column blocks, in both weight dtypes; the packed layout; the build's cache
+and its failure. (Decode attention's kernel: `test_decode_attention.py`; both inside the decode step:
+`tests/generation/test_decode_step.py`.)"""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from searchjax.models import native
+
+
+def test_pack_columns_puts_each_block_of_columns_in_one_contiguous_stretch():
+    w = np.arange(6 * 48, dtype=np.float32).reshape(6, 48)
+    packed = np.asarray(native.pack_columns(jnp.asarray(w)))
+    assert native.column_block(48) == 24 and packed.shape == (2, 6, 24)
+    np.testing.assert_array_equal(packed[1], w[:, 24:])  # block 1 = columns 24..47, row by row
+    assert [native.column_block(n) for n in (576, 192, 896, 40, 12)] == [24, 24, 16, 8, None]
+
+
+# (rows, K, N): a decode step's batches (2-32 rows; 4-row tiles and the 1-3 rows left over) against blocks of
+# 24, 16 and 8 columns
+SHAPES = [(2, 64, 48), (3, 40, 32), (5, 24, 40), (8, 576, 192), (32, 96, 1536)]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("rows, K, N", SHAPES)
+def test_skinny_matmul_equals_the_float64_product(rows, K, N, dtype):
+    """f32 accumulation: within float32's sum error of the exact product; bf16 inputs are exact in f32, so only
+    the result's rounding to bf16 (half a step) is added."""
+    assert native.skinny_matmul_target() == native.SKINNY_MATMUL_TARGET  # built here: CI runs the kernel
+    rng = np.random.default_rng(rows * N)
+    x, w = (jnp.asarray(rng.standard_normal(shape), dtype) for shape in ((rows, K), (K, N)))
+    want = np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+    got = jax.jit(native.skinny_matmul)(x, native.pack_columns(w))
+    assert got.dtype == dtype and got.shape == (rows, N)
+    bound = 1e-6 * K * np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64))
+    if dtype == jnp.bfloat16:
+        bound = bound + 2.0 ** (np.floor(np.log2(np.abs(want) + 1e-30)) - 8)
+    assert np.all(np.abs(np.asarray(got, np.float64) - want) <= bound)
+    f32 = native.skinny_matmul(x, native.pack_columns(w), jnp.float32)  # out_dtype, as kernels.matmul takes it
+    assert f32.dtype == jnp.float32
+
+
+def test_the_build_is_cached_per_source_and_a_failing_compiler_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("SEARCHJAX_CACHE", str(tmp_path))
+    source = native.SOURCE_DIR / "skinny_matmul.cc"
+    built = native._build(source)
+    assert built.parent == tmp_path / "native" and built.name.startswith("skinny_matmul-")
+    stamp = built.stat().st_mtime_ns
+    assert native._build(source) == built and built.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    monkeypatch.setenv("CXX", "false")  # a compiler that fails: a new key, a build that raises
+    with pytest.raises(RuntimeError, match="false .*skinny_matmul.cc.* failed"):
+        native._build(source)
+    assert sorted(p.name for p in (tmp_path / "native").iterdir()) == [built.name]  # nothing half-written
+
+
+def test_kernels_off_means_the_jnp_forms(monkeypatch, caplog):
+    monkeypatch.setenv("SEARCHJAX_NATIVE", "0")
+    assert native.skinny_matmul_target() is None and native.decode_attention_target() is None
+    monkeypatch.setenv("SEARCHJAX_NATIVE", "1")
+    assert native.skinny_matmul_target() == native.SKINNY_MATMUL_TARGET
+    with caplog.at_level(logging.WARNING):
+        assert native._target("searchjax_test_missing", "skinny_matmul.cc", "NoSuchSymbol") is None
+    assert "searchjax_test_missing unavailable" in caplog.text
