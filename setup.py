@@ -67,7 +67,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.11",
     packages=find_packages(include=["searchjax", "searchjax.*", "retrieval", "retrieval.*"]),
-    package_data={"searchjax": ["judges/prompts/*.txt", "judges/prompts/**/*.txt"]},
+    # the CPU kernels' C++ sources, compiled on the user's host on first use (searchjax/models/native.py)
+    package_data={"searchjax": ["judges/prompts/*.txt", "judges/prompts/**/*.txt", "models/native/*.cc",
+                                "models/native/*.h"]},
     install_requires=INSTALL_REQUIRES,
     # "tpu": the TPU runtime matching jax 0.10.2 (what jax[tpu]==0.10.2 resolves to). With it, launch/compile_check.py
     # compiles the run's programs for TPU topologies on a CPU host; JAX itself still picks the CPU there.
