@@ -30,9 +30,9 @@ bfloat16 against 125-150 ms heads-major).
 
 On a CPU the same maths runs as a hand-written kernel (`native.decode_attention_target`, C++ in
 `native/decode_attention.cc`) when the caller asks (`native=True`, which `decode_steps` does for a step on one
-CPU device) and the kernel is built: XLA:CPU's two skinny products read a float32 window at 8-9 GB/s, the
-kernel streams it at 20-25 GB/s (30 layers at batch 8 over 2,048 slots: 84-88 ms as products, ~40 ms as the
-kernel, 2-core AMD EPYC with AVX2; `docs/performance.md`, "Decode attention as a CPU kernel"). It computes the
+CPU device) and the kernel is built: XLA:CPU's two skinny products read a float32 window at 9 GB/s, the
+kernel streams it at 18-20 GB/s (30 layers at batch 8 over 2,048 slots: 80-83 ms as products, 37-41 ms as the
+kernel, 2-core AMD EPYC with AVX2; `docs/performance.md`, "CPU kernels for the decode step"). It computes the
 same softmax with one shared shift, in float32, with the probabilities rounded to the compute dtype before the
 product with V as here; only the order of float32 sums and its exp polynomial (relative error < 3e-7) differ.
 """
