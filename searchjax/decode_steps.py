@@ -166,8 +166,18 @@ def packed_decode(config, batch: int, mesh: Optional[Mesh]) -> bool:
     low, high = native.SKINNY_ROWS
     widths = (config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim, config.hidden_size,
               config.intermediate_size, config.vocab_size)
-    return ((mesh is None or mesh.devices.size == 1) and low <= batch <= high
+    return (one_device(mesh) and low <= batch <= high
             and all(native.column_block(width) for width in widths) and native.skinny_matmul_target() is not None)
+
+
+def one_device(mesh: Optional[Mesh]) -> bool:
+    """Whether a step runs on one device, the condition of the CPU kernels: XLA cannot partition their calls."""
+    return mesh is None or mesh.devices.size == 1
+
+
+def packed_lm_head(params, config) -> jax.Array:
+    """The LM head in the compute dtype, in `native.pack_columns`' form: `decode_forward`'s packed_head."""
+    return native.pack_columns(lm_head_weight(params, config).astype(config.compute_dtype))
 
 
 # The dtype of the per-layer decode windows on a CPU. XLA:CPU (jax 0.10.2) runs decode attention's bf16 products
@@ -421,11 +431,9 @@ def decode_loop(params, state: SamplerState, budget, segment, first, temperature
     full_cache = state.cache
     written_from = full_cache.index if full_cache is not None else None  # the launch's first slot
     per_layer = per_layer_decode(mesh)
-    one_device = mesh is None or mesh.devices.size == 1
     packed = model is not None and per_layer and packed_decode(model.config, batch, mesh)
     weights = layer_weights(params, model.config, pack=packed) if model is not None and per_layer else None
-    packed_head = (native.pack_columns(lm_head_weight(params, model.config).astype(model.config.compute_dtype))
-                   if packed else None)
+    packed_head = packed_lm_head(params, model.config) if packed else None
     cache = split_cache(full_cache, window, CPU_WINDOW_DTYPE) if per_layer else window_cache(full_cache, window)
     state = state.replace(cache=cache, step=jnp.zeros((), jnp.int32),
                           turn_start=jnp.where(first, state.lengths, state.turn_start),
@@ -450,7 +458,7 @@ def decode_loop(params, state: SamplerState, budget, segment, first, temperature
         if model is not None:
             if per_layer:
                 logits, cache = decode_forward(params, weights, model, token, st.lengths, running, st.cache,
-                                               native_attention=one_device, packed_head=packed_head)
+                                               native_attention=one_device(mesh), packed_head=packed_head)
             else:
                 logits, cache = decode_forward_stacked(params, model, token, st.lengths, running, st.cache)
         logits = process_logits(logits, logits_fn, logits_processor, tokens, lengths)

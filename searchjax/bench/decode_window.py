@@ -53,7 +53,6 @@ CACHE_LEN = 2048
 def _greedy_steps(params, cache, token, steps, *, model, window, former):
     """`steps` greedy steps from `token` (all rows running) on the cache's first `window` slots -> last tokens."""
     from searchjax import decode_steps
-    from searchjax.models import lm_head_weight, native
     position = jnp.full(token.shape, cache.index, jnp.int32)
     running = jnp.ones(token.shape, bool)
     if former:
@@ -65,7 +64,7 @@ def _greedy_steps(params, cache, token, steps, *, model, window, former):
         config = model.config
         packed = decode_steps.packed_decode(config, token.shape[0], None)  # as decode_loop chooses
         weights = decode_steps.layer_weights(params, config, pack=packed)
-        head = native.pack_columns(lm_head_weight(params, config).astype(config.compute_dtype)) if packed else None
+        head = decode_steps.packed_lm_head(params, config) if packed else None
         part = decode_steps.split_cache(cache, window, decode_steps.CPU_WINDOW_DTYPE)
 
         def forward(token, position, part):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from searchjax import decode_steps, sampling
-from searchjax.models import KVCache, init_cache, lm_head_weight, native, transformer
+from searchjax.models import KVCache, init_cache, native, transformer
 
 # every architecture switch: GQA with q/k norms (Qwen3), q/k/v biases (Qwen2), tied embeddings (Llama), MHA
 CONFIGS = {
@@ -96,7 +96,7 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
             return logits, decode_steps.unwindow_cache(cache, part)
         config = model.config
         weights = decode_steps.layer_weights(params, config, pack=kernels)
-        head = native.pack_columns(lm_head_weight(params, config).astype(config.compute_dtype)) if kernels else None
+        head = decode_steps.packed_lm_head(params, config) if kernels else None
         logits, part = decode_steps.decode_forward(params, weights, model, token, lengths, running,
                                                    decode_steps.split_cache(cache, W, window_dtype),
                                                    native_attention=kernels, packed_head=head)
@@ -191,7 +191,7 @@ def test_decode_loop_body_copies_no_window_and_no_weight(dtype):
     shapes |= {tuple(w.shape[1:]) for w in jax.tree.leaves(params["layers"]) if w.ndim > 2}
     shapes |= {tuple(params["embed"]["embedding"].shape)}
     packed = jax.eval_shape(lambda p: (decode_steps.layer_weights(p, config, pack=True),
-                                       native.pack_columns(lm_head_weight(p, config))), params)
+                                       decode_steps.packed_lm_head(p, config)), params)
     shapes |= {tuple(w.shape) for w in jax.tree.leaves(packed) if w.ndim == 3}
     offenders = []
     for line in body.splitlines():

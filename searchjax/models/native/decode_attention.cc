@@ -13,7 +13,7 @@
 // k_window [B, K, D, W] and v_window [B, K, W, D] in f32 or bf16, visible [B, W] bool; attributes scale
 // (f32) and round_p (bool: round the normalised probabilities to bf16 before the products, as the
 // bf16 model does). Result [B, K, G, D] f32. D and W must be multiples of 8 and G at most 8
-// (native.py checks, else the jnp form runs).
+// (decode_attention.py checks, else the jnp form runs).
 #include <vector>
 
 #include "common.h"
@@ -85,8 +85,7 @@ void attend(const Head& h, int64_t D, int64_t W, float scale, bool round_p, floa
   const T* vw = static_cast<const T*>(h.v_window);
   // logits[g, s] = q[g] . k[:, s], four key rows per pass over the window (fewer passes over the logits)
   std::fill(probs, probs + G * W, 0.f);
-  int64_t d = 0;
-  for (; d + 4 <= D; d += 4) {
+  for (int64_t d = 0; d < D; d += 4) {  // D is a multiple of 8
     const T* k0 = kw + d * W;
     v8f qd[G][4];
     for (int g = 0; g < G; ++g)
@@ -97,11 +96,6 @@ void attend(const Head& h, int64_t D, int64_t W, float scale, bool round_p, floa
         store8(probs + g * W + s, load8(probs + g * W + s) + qd[g][0] * a0 + qd[g][1] * a1 + qd[g][2] * a2 + qd[g][3] * a3);
     }
   }
-  for (; d < D; ++d)
-    for (int g = 0; g < G; ++g) {
-      const v8f qd = splat(h.q[g * D + d]);
-      for (int64_t s = 0; s < W; s += 8) store8(probs + g * W + s, load8(probs + g * W + s) + qd * load8(kw + d * W + s));
-    }
   // softmax over the visible slots and the token, one shift and one normaliser for both parts
   float own[G], total[G];
   for (int g = 0; g < G; ++g) {
