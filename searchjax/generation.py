@@ -177,7 +177,7 @@ def decode_segments(slots_used: int, max_new_tokens: int, cache_len: int) -> lis
     full (or the budget is spent), then the next launch takes the next window. So the window grows with the
     text during a long call instead of covering its end from the first step: a Search-R1 turn of 500 tokens
     from slot 2,100 reads 2,560 slots for 460 steps and 3,072 for 40 rather than 3,072 for all 500. A launch
-    costs one copy of the window in (`decode_steps.split_cache`, a few steps' worth; `merge_cache` writes
+    costs one copy of the window in (`cpu_decode.split_cache`, a few steps' worth; `merge_cache` writes
     back only the launch's slots), hence at least DECODE_SEGMENT steps per launch; a call that fits its first
     window is one launch, as before. Rows that stop early only end the call sooner: the windows of the
     launches that run are these."""

@@ -9,14 +9,14 @@ filled, 2,048 for 2,000. One jitted call runs n steps in a `lax.fori_loop` (n tr
 case) with the same per-call preparation as `decode_steps.decode_loop`; per-step seconds =
 (t(n steps) - t(1 step)) / (n - 1), so that preparation and the dispatch cancel out. Medians of args.iters.
 
-  * current: `decode_steps.decode_forward` (per-layer weights and windows made once per call, the windows in
-    `decode_steps.CPU_WINDOW_DTYPE` as `decode_loop` makes them, the window read in place, the token merged
+  * current: `cpu_decode.decode_forward` (per-layer weights and windows made once per call, the windows in
+    `cpu_decode.CPU_WINDOW_DTYPE` as `decode_loop` makes them, the window read in place, the token merged
     by log-sum-exp, one slot written per layer), with the CPU kernels where `decode_loop` uses them
     (`searchjax.models.native`: attention always, the skinny matmul from 2 rows; `SEARCHJAX_NATIVE=0` runs
     the jnp forms instead).
   * former: the step before it, which is still the accelerators' step, `decode_steps.decode_forward_stacked`
     (a scan over layers slicing each layer's cache and weights out of the stacked arrays, attention writing the
-    token into the layer cache; `decode_steps.per_layer_decode` says which target runs which).
+    token into the layer cache; `cpu_decode.per_layer_decode` says which target runs which).
 
 Rows: step_ms per (step, batch, filled), and the figures the work is judged by:
   * long/short: step time with 2,000 filled slots over 100, batch 1 (goal <= 1.3).
@@ -52,7 +52,7 @@ CACHE_LEN = 2048
 @functools.partial(jax.jit, static_argnames=("model", "window", "former"))
 def _greedy_steps(params, cache, token, steps, *, model, window, former):
     """`steps` greedy steps from `token` (all rows running) on the cache's first `window` slots -> last tokens."""
-    from searchjax import decode_steps
+    from searchjax import cpu_decode, decode_steps
     position = jnp.full(token.shape, cache.index, jnp.int32)
     running = jnp.ones(token.shape, bool)
     if former:
@@ -62,13 +62,14 @@ def _greedy_steps(params, cache, token, steps, *, model, window, former):
             return decode_steps.decode_forward_stacked(params, model, token, position, running, part)
     else:
         config = model.config
-        packed = decode_steps.packed_decode(config, token.shape[0], None)  # as decode_loop chooses
-        weights = decode_steps.layer_weights(params, config, pack=packed)
-        head = decode_steps.packed_lm_head(params, config) if packed else None
-        part = decode_steps.split_cache(cache, window, decode_steps.CPU_WINDOW_DTYPE)
+        packed = cpu_decode.packed_decode(config, token.shape[0], None)  # as decode_loop chooses
+        weights = cpu_decode.layer_weights(params, config, pack=packed)
+        head = cpu_decode.packed_lm_head(params, config) if packed else None
+        part = cpu_decode.split_cache(cache, window, cpu_decode.CPU_WINDOW_DTYPE,
+                                        cpu_decode.window_value_block(config, None))  # as decode_loop makes it
 
         def forward(token, position, part):
-            return decode_steps.decode_forward(params, weights, model, token, position, running, part,
+            return cpu_decode.decode_forward(params, weights, model, token, position, running, part,
                                                packed_head=head)
 
     def step(_, carry):

@@ -137,10 +137,10 @@ def _matmul_only_step_seconds(model, params, batch: int, iters: int) -> float:
     """Median seconds of a decode step's matrix products alone, at `batch` rows: every layer's q/k/v/o and
     MLP kernels and the LM head applied to a [batch, ...] activation, nothing else (no attention over the
     cache, norms, RoPE or sampling). XLA's own ceiling for a decode step on this CPU. The weights are the
-    per-layer trees our CPU decode step reads (decode_steps.layer_weights, made once outside the timing): a
+    per-layer trees our CPU decode step reads (cpu_decode.layer_weights, made once outside the timing): a
     scan over the stacked weights would copy each layer's slice every step, and that ceiling would flatter us."""
     import jax.numpy as jnp
-    from searchjax.decode_steps import layer_weights
+    from searchjax.cpu_decode import layer_weights
     from searchjax.models import lm_head_weight
     from searchjax.models.kernels import matmul
     config = model.config

@@ -17,7 +17,7 @@ the shift and Z are float32; the normalised probabilities are cast to the comput
 with V, as `kernels.grouped_attention` does, so bfloat16 rounds the same way the full forward does.
 
 Layout. The window comes heads-major, keys [B, K, D, W] (slot-minor) and values [B, K, W, D]
-(`decode_steps.split_cache` transposes them once per decode call), so both products are plain batched matmuls
+(`cpu_decode.split_cache` transposes them once per decode call), so both products are plain batched matmuls
 over (B, K) that XLA runs on the window in place: logits [B, K, G, W] = q [B, K, G, D] x keys [B, K, D, W],
 out = P [B, K, G, W] x values [B, K, W, D]. Slot-minor keys make the first a [G, D] x [D, W] product: with keys
 [B, K, W, D] (q k^T against a slot-major operand) XLA:CPU read the window at 4.4 GB/s in float32 and 3.3 in
@@ -35,6 +35,8 @@ kernel streams it at 18-20 GB/s (30 layers at batch 8 over 2,048 slots: 80-83 ms
 kernel, 2-core AMD EPYC with AVX2; `docs/performance.md`, "CPU kernels for the decode step"). It computes the
 same softmax with one shared shift, in float32, with the probabilities rounded to the compute dtype before the
 product with V as here; only the order of float32 sums and its exp polynomial (relative error < 3e-7) differ.
+It reads the values in blocks of columns, [B, K, D / CB, W, CB] (`block_values`), which `split_cache` makes
+for a step that runs it.
 """
 
 from __future__ import annotations
@@ -47,30 +49,67 @@ from searchjax.models import native as native_kernels
 from searchjax.models.kernels import matmul
 
 
+VALUE_BLOCK = 32  # value columns per block in the kernel's value layout (`block_values`)
+
+
+def value_block(head_dim: int) -> int:
+    """Columns per block of `block_values`' layout: VALUE_BLOCK, or 8 when head_dim is not a multiple of it."""
+    return VALUE_BLOCK if head_dim % VALUE_BLOCK == 0 else 8
+
+
+def block_values(v: jax.Array) -> jax.Array:
+    """Values [B, K, W, D] -> [B, K, D / CB, W, CB] (CB = `value_block(D)`): the kernel's layout, each block of
+    CB columns over all the slots one contiguous stretch, so each of the kernel's P V passes (one per block of
+    columns its registers hold) streams its bytes in order. Over [W, D] rows each pass read CB of every D
+    columns, and the values streamed at ~18 GB/s against the keys' ~33 (30 layers, batch 8, 2,048 slots: the
+    kernel 36.5 -> 30.9 ms in a layout-only trial, `docs/performance.md`, "Appends")."""
+    B, K, W, D = v.shape
+    block = value_block(D)
+    return v.reshape(B, K, W, D // block, block).transpose(0, 1, 3, 2, 4)
+
+
+def unblock_values(v: jax.Array) -> jax.Array:
+    """`block_values`' inverse: [B, K, D / CB, W, CB] -> [B, K, W, D]."""
+    B, K, blocks, W, block = v.shape
+    return v.transpose(0, 1, 3, 2, 4).reshape(B, K, W, blocks * block)
+
+
+def kernel_runs(dtype, window_dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
+    """Whether `decode_attention(..., native=True)` runs the CPU kernel for these: a compute and window dtype of
+    f32 or bf16, head_dim a multiple of 8, at most 8 query heads per kv head, and the kernel built here (the
+    window's slots must be a multiple of 8 too: decode windows are multiples of 16)."""
+    kernel_dtypes = (jnp.float32, jnp.bfloat16)
+    return bool(jnp.dtype(dtype) in kernel_dtypes and jnp.dtype(window_dtype) in kernel_dtypes and head_dim % 8 == 0
+                and num_heads // num_kv_heads <= 8 and native_kernels.decode_attention_target())
+
+
 def decode_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_window: jax.Array,
                      v_window: jax.Array, visible: jax.Array, scale: float, native: bool = False) -> jax.Array:
     """softmax(scale q [k_window; k_new]^T) [v_window; v_new] for one query per row, merged exactly (above).
 
     q [B, N, D]; k_new, v_new [B, K, D] (the token's own key/value, always visible); k_window [B, K, D, W] and
-    v_window [B, K, W, D] heads-major (read only), in q's dtype or a wider one holding q's dtype's values;
-    visible [B, W] bool (window slot s is attended iff visible[b, s]). native: run the CPU kernel where it is
-    built and takes the shapes (D and W multiples of 8, G <= 8); the caller says the step runs on one CPU device.
-    Returns [B, N, D] in q's dtype.
+    v_window [B, K, W, D] heads-major, or [B, K, D / CB, W, CB] (`block_values`, the kernel's layout), read
+    only, in q's dtype or a wider one holding q's dtype's values; visible [B, W] bool (window slot s is attended
+    iff visible[b, s]). native: run the CPU kernel where it is built and takes the shapes (`kernel_runs`); the
+    caller says the step runs on one CPU device. A window in the other form's layout is converted (a copy:
+    `cpu_decode.split_cache` makes the layout the step's form reads). Returns [B, N, D] in q's dtype.
     """
     B, N, D = q.shape
     K, W = k_window.shape[1], k_window.shape[3]  # [B, K, D, W]
     G = N // K
     dt = q.dtype
-    kernel_dtypes = (jnp.float32, jnp.bfloat16)
-    if (native and dt in kernel_dtypes and k_window.dtype in kernel_dtypes and v_window.dtype == k_window.dtype
-            and D % 8 == 0 and W % 8 == 0 and G <= 8 and (target := native_kernels.decode_attention_target())):
+    if (native and v_window.dtype == k_window.dtype and W % 8 == 0
+            and kernel_runs(dt, k_window.dtype, N, K, D)):
         f32 = jnp.float32
-        out = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((B, K, G, D), f32))(
+        values = v_window if v_window.ndim == 5 else block_values(v_window)
+        out = jax.ffi.ffi_call(native_kernels.DECODE_ATTENTION_TARGET, jax.ShapeDtypeStruct((B, K, G, D), f32))(
             q.reshape(B, K, G, D).astype(f32), k_new.astype(dt).astype(f32), v_new.astype(dt).astype(f32),
-            k_window, v_window, visible, scale=np.float32(scale), round_p=bool(dt == jnp.bfloat16))
+            k_window, values, visible, scale=np.float32(scale), round_p=bool(dt == jnp.bfloat16))
         return out.astype(dt).reshape(B, N, D)
+    if v_window.ndim == 5:
+        v_window = unblock_values(v_window)
     # The window's products run in the wider of the two dtypes: a float32 window of a bfloat16 model holds
-    # bfloat16 values exactly (`decode_steps.split_cache`), so q and the probabilities, rounded to dt first,
+    # bfloat16 values exactly (`cpu_decode.split_cache`), so q and the probabilities, rounded to dt first,
     # give the products of the compute dtype with float32 accumulation, as the bfloat16 window does.
     wide = jnp.promote_types(dt, k_window.dtype)
     q_groups = q.reshape(B, K, G, D)

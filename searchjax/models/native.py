@@ -1,12 +1,15 @@
-"""Hand-written CPU kernels for the decode step, compiled for the host on first use and called from jitted code
+"""Hand-written CPU kernels for generation, compiled for the host on first use and called from jitted code
 through XLA's FFI.
 
 * decode attention (`native/decode_attention.cc`; `decode_attention.decode_attention` says when it runs);
 * skinny matmul (`native/skinny_matmul.cc`): a few rows against a weight packed in column blocks
-  (`pack_columns`), the decode step's projections and LM head at batch 2-32 (`decode_steps.layer_weights`).
+  (`pack_columns`), the decode step's projections and LM head at batch 2-32 (`cpu_decode.layer_weights`);
+* block attention (`native/block_attention.cc`): a prompt or an appended block attending over the cache's
+  window with an online softmax (`block_attention`; prefill and append use it on one CPU device through
+  `decode_steps.block_model`).
 
-Both exist because XLA:CPU's code for these shapes runs far below the host's memory bandwidth
-(`docs/performance.md`, "CPU kernels for the decode step"). They are C++ against the headers jaxlib ships
+They exist because XLA:CPU's code for these shapes runs far below the host's memory bandwidth or FMA peak
+(`docs/performance.md`, "CPU kernels for the decode step" and "Appends"). They are C++ against the headers jaxlib ships
 (`jax.ffi.include_dir()`), compiled with the host's C++ compiler at `-O3 -march=native` into
 `$SEARCHJAX_CACHE/native/` (default `~/.cache/searchjax/native/`), once per source, compiler flags, jaxlib
 version and CPU (the file name carries a hash of all of them, so a cache shared by hosts with different
@@ -35,12 +38,14 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 import jaxlib
+import numpy as np
 
 from searchjax.data import assets
 
 SOURCE_DIR = pathlib.Path(__file__).parent / "native"
 DECODE_ATTENTION_TARGET = "searchjax_decode_attention"
 SKINNY_MATMUL_TARGET = "searchjax_skinny_matmul"
+BLOCK_ATTENTION_TARGET = "searchjax_block_attention"
 # The rows a skinny matmul takes: one row is a matrix-vector product XLA:CPU already streams at bandwidth, and
 # from a few dozen rows on its GEMM is efficient.
 SKINNY_ROWS = (2, 32)
@@ -109,6 +114,31 @@ def skinny_matmul_target() -> Optional[str]:
     """The FFI target of the skinny-matmul kernel (built on first call), or None when the kernels are off or it
     cannot be built (`_target`)."""
     return None if not enabled() else _target(SKINNY_MATMUL_TARGET, "skinny_matmul.cc", "SearchjaxSkinnyMatmul")
+
+
+def block_attention_target() -> Optional[str]:
+    """The FFI target of the block-attention kernel (built on first call), or None when the kernels are off or
+    it cannot be built (`_target`)."""
+    return None if not enabled() else _target(BLOCK_ATTENTION_TARGET, "block_attention.cc", "SearchjaxBlockAttention")
+
+
+def block_attention_fits(q: jax.Array, k: jax.Array, v: jax.Array) -> bool:
+    """Whether `block_attention` takes these operands: float32 throughout (a bf16 model rounds its
+    probabilities to bf16 before P V, which an online softmax cannot do exactly), T a multiple of 8, D and S of
+    4, and the kernel built here."""
+    f32 = jnp.float32
+    return (q.dtype == f32 and k.dtype == f32 and v.dtype == f32 and q.shape[1] % 8 == 0 and q.shape[3] % 4 == 0
+            and k.shape[1] % 4 == 0 and block_attention_target() is not None)
+
+
+def block_attention(q: jax.Array, k: jax.Array, v: jax.Array, seen: jax.Array, first, scale: float) -> jax.Array:
+    """Attention of a block of T tokens written into a cache at slots first .. first + T - 1: q [B, T, N, D]
+    against the window k, v [B, S, K, D] (the block already in it), where query t sees slot s iff (s < first + t
+    and seen[b, s]) or s == first + t (`transformer.attention_mask`'s rule; seen [B, S] the slots' mask).
+    `kernels.grouped_attention`'s result in float32 without its [B, N, T, S] logits (native/block_attention.cc).
+    Needs `block_attention_fits`."""
+    return jax.ffi.ffi_call(BLOCK_ATTENTION_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))(
+        q, k, v, seen, jnp.asarray(first, jnp.int32), scale=np.float32(scale))
 
 
 def column_block(columns: int) -> Optional[int]:

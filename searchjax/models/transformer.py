@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax.core import FrozenDict
 
+from searchjax.models import native
 from searchjax.models.kernels import grouped_attention, matmul, swiglu, update_slice_in_dim
 from searchjax.sharding import constrain
 
@@ -63,7 +64,9 @@ class ModelConfig:
     scan_layers: bool = True  # False unrolls the layer scan (same parameter layout, longer compile, faster decode)
     remat_policy: str = "none"  # one of REMAT_POLICIES
     # None: `grouped_attention` (einsums in a heads-major layout, what XLA compiles best on CPU and TPU);
-    # "xla" or "cudnn" (GPU only; bfloat16/float16 compute): jax.nn.dot_product_attention with that implementation.
+    # "xla" or "cudnn" (GPU only; bfloat16/float16 compute): jax.nn.dot_product_attention with that implementation;
+    # "native" (one CPU device): a block written into a cache attends through the CPU kernel
+    # `native.block_attention` where it fits (float32), else as None does (`decode_steps.block_model` sets it).
     attention_impl: Optional[str] = None
     bos_token_id: Optional[int] = None
     eos_token_ids: tuple = ()
@@ -79,8 +82,9 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.head_dim={self.head_dim} must be even for RoPE")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"ModelConfig.remat_policy={self.remat_policy!r}; expected one of {REMAT_POLICIES}")
-        if self.attention_impl not in (None, "xla", "cudnn"):
-            raise ValueError(f"ModelConfig.attention_impl={self.attention_impl!r}; expected None, 'xla' or 'cudnn'")
+        if self.attention_impl not in (None, "xla", "cudnn", "native"):
+            raise ValueError(f"ModelConfig.attention_impl={self.attention_impl!r}; expected None, 'xla', 'cudnn' "
+                             f"or 'native'")
         for field in ("dtype", "param_dtype"):
             value = getattr(self, field)
             if value not in ("float32", "bfloat16", "float16"):
@@ -260,7 +264,10 @@ class Attention(nn.Module):
             cache_v = update_slice_in_dim(cache_v, v, cache_index, axis=1)
             new_cache = (cache_k, cache_v)
             k, v = cache_k.astype(dt), cache_v.astype(dt)  # [B, S, K, D]
-        if cfg.attention_impl is None:
+        if layer_cache is not None and cfg.attention_impl == "native" and native.block_attention_fits(q, k, v):
+            # the last query's mask row is the slots' mask: it sees every filled slot before it (and its own)
+            out = native.block_attention(q, k, v, attn_mask[:, 0, -1, :], cache_index, D ** -0.5)
+        elif cfg.attention_impl in (None, "native"):
             # without a cache the mask is causal over T == S slots: skip the blocks above the diagonal
             blocks = causal_blocks(x.shape[1]) if layer_cache is None else 1
             # long blocks (a prompt or an observation into a cache, a long update) attend in query blocks: memory

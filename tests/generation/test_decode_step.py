@@ -1,4 +1,4 @@
-"""The decode step (`decode_steps.decode_forward`: window read in place, token merged by log-sum-exp, one slot
+"""The decode step (`cpu_decode.decode_forward`: window read in place, token merged by log-sum-exp, one slot
 written) against the model's full forward with a cache (`Transformer.__call__`, which writes the token into
 each layer's cache and softmaxes over all of it), on tiny random models with a partly filled window; and the
 compiled decode loop against copies of the window or the weights in its body.
@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from searchjax import decode_steps, sampling
+from searchjax import cpu_decode, decode_steps, sampling
 from searchjax.models import KVCache, init_cache, native, transformer
+from searchjax.models.decode_attention import unblock_values
 
 # every architecture switch: GQA with q/k norms (Qwen3), q/k/v biases (Qwen2), tied embeddings (Llama), MHA
 CONFIGS = {
@@ -83,10 +84,10 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
     forms round the same quantities at different points, e.g. the merged softmax's sum before the cast)."""
     model, params, cache, lengths, reference, ref_cache = _case(name, dtype)
     token, running = TOKEN, RUNNING
-    window_dtype = None if form == "per_layer_cache_dtype_windows" else decode_steps.CPU_WINDOW_DTYPE
+    window_dtype = None if form == "per_layer_cache_dtype_windows" else cpu_decode.CPU_WINDOW_DTYPE
     kernels = form != "per_layer_jnp"
     if kernels and form != "stacked":  # the kernels are what runs here, not a fallback
-        assert decode_steps.packed_decode(model.config, len(TOKEN), None)
+        assert cpu_decode.packed_decode(model.config, len(TOKEN), None)
 
     @jax.jit
     def step(params, cache):
@@ -95,12 +96,13 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
                                                                decode_steps.window_cache(cache, W))
             return logits, decode_steps.unwindow_cache(cache, part)
         config = model.config
-        weights = decode_steps.layer_weights(params, config, pack=kernels)
-        head = decode_steps.packed_lm_head(params, config) if kernels else None
-        logits, part = decode_steps.decode_forward(params, weights, model, token, lengths, running,
-                                                   decode_steps.split_cache(cache, W, window_dtype),
+        weights = cpu_decode.layer_weights(params, config, pack=kernels)
+        head = cpu_decode.packed_lm_head(params, config) if kernels else None
+        values = cpu_decode.window_value_block(config, None) if kernels else None  # the kernel's layout
+        logits, part = cpu_decode.decode_forward(params, weights, model, token, lengths, running,
+                                                   cpu_decode.split_cache(cache, W, window_dtype, values),
                                                    native_attention=kernels, packed_head=head)
-        return logits, decode_steps.merge_cache(cache, part, cache.index)
+        return logits, cpu_decode.merge_cache(cache, part, cache.index)
 
     logits, new_cache = step(params, cache)
     reference = np.asarray(reference[:, 0], np.float32)
@@ -125,8 +127,8 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
     (10, 10, 4),   # a launch that ran no step writes nothing
     (5, 27, 64),   # block wider than the window: one block of the whole window
 ])
-@pytest.mark.parametrize("window_dtype", [jnp.float32, None])
-def test_merge_cache_writes_back_the_written_slots_only(written_from, written_to, block, window_dtype):
+@pytest.mark.parametrize("window_dtype, value_block", [(jnp.float32, None), (None, None), (jnp.float32, 2)])
+def test_merge_cache_writes_back_the_written_slots_only(written_from, written_to, block, window_dtype, value_block):
     """merge_cache(full, split_cache(full) with slots [written_from, written_to) changed, written_from) equals
     the stacked cache with exactly those slots (and the window's mask) replaced, bitwise, for blocks that
     cover the range several times over, reach past the window (clamped) or exceed it."""
@@ -135,7 +137,12 @@ def test_merge_cache_writes_back_the_written_slots_only(written_from, written_to
     full = KVCache(k=jnp.asarray(rng.normal(size=(L, B, S, K, D)), jnp.bfloat16),
                    v=jnp.asarray(rng.normal(size=(L, B, S, K, D)), jnp.bfloat16),
                    mask=jnp.asarray(rng.random((B, S)) < 0.5), index=jnp.int32(written_from))
-    part = decode_steps.split_cache(full, W, window_dtype)
+    part = cpu_decode.split_cache(full, W, window_dtype, value_block)
+    if value_block:  # the kernel's value layout, [B, K, D / CB, W, CB]
+        assert part.v[0].shape == (B, K, D // value_block, W, value_block)
+        np.testing.assert_array_equal(np.asarray(unblock_values(part.v[1])),
+                                      np.asarray(full.v[1, :, :W].transpose(0, 2, 1, 3), np.float32))
+        part = part.replace(v=tuple(unblock_values(layer) for layer in part.v))
     new_k = rng.normal(size=(L, B, W, K, D)).astype(np.float32)  # what the steps wrote, layer by layer
     new_v = rng.normal(size=(L, B, W, K, D)).astype(np.float32)
     new_mask = rng.random((B, W)) < 0.5
@@ -146,13 +153,16 @@ def test_merge_cache_writes_back_the_written_slots_only(written_from, written_to
         v=tuple(layer.at[:, :, slots].set(jnp.asarray(new_v[i, :, slots].transpose(0, 2, 1, 3), layer.dtype))
                 for i, layer in enumerate(part.v)),
         mask=jnp.asarray(new_mask), index=jnp.int32(written_to))
+    if value_block:
+        part = part.replace(v=tuple(layer.reshape(B, K, W, D // value_block, value_block).transpose(0, 1, 3, 2, 4)
+                                    for layer in part.v))
     expected_k, expected_v = np.asarray(full.k, np.float32).copy(), np.asarray(full.v, np.float32).copy()
     expected_k[:, :, slots] = np.asarray(jnp.asarray(new_k[:, :, slots], jnp.bfloat16), np.float32)
     expected_v[:, :, slots] = np.asarray(jnp.asarray(new_v[:, :, slots], jnp.bfloat16), np.float32)
     expected_mask = np.asarray(full.mask).copy()
     expected_mask[:, :W] = new_mask
 
-    merged = jax.jit(decode_steps.merge_cache, static_argnames="block")(full, part, jnp.int32(written_from),
+    merged = jax.jit(cpu_decode.merge_cache, static_argnames="block")(full, part, jnp.int32(written_from),
                                                                        block=block)
     np.testing.assert_array_equal(np.asarray(merged.k, np.float32), expected_k)
     np.testing.assert_array_equal(np.asarray(merged.v, np.float32), expected_v)
@@ -190,8 +200,8 @@ def test_decode_loop_body_copies_no_window_and_no_weight(dtype):
               (batch, config.num_kv_heads, config.head_dim, W)}
     shapes |= {tuple(w.shape[1:]) for w in jax.tree.leaves(params["layers"]) if w.ndim > 2}
     shapes |= {tuple(params["embed"]["embedding"].shape)}
-    packed = jax.eval_shape(lambda p: (decode_steps.layer_weights(p, config, pack=True),
-                                       decode_steps.packed_lm_head(p, config)), params)
+    packed = jax.eval_shape(lambda p: (cpu_decode.layer_weights(p, config, pack=True),
+                                       cpu_decode.packed_lm_head(p, config)), params)
     shapes |= {tuple(w.shape) for w in jax.tree.leaves(packed) if w.ndim == 3}
     offenders = []
     for line in body.splitlines():
@@ -212,7 +222,7 @@ def test_decode_loop_body_copies_no_window_and_no_weight(dtype):
 def test_per_layer_decode_is_for_cpu_targets_only():
     """The mesh's devices decide (a TPU program compiled on a CPU host takes the stacked form), else the backend."""
     from types import SimpleNamespace
-    assert decode_steps.per_layer_decode(None) == (jax.default_backend() == "cpu")
+    assert cpu_decode.per_layer_decode(None) == (jax.default_backend() == "cpu")
     for platform, expected in (("cpu", True), ("tpu", False), ("gpu", False)):
         mesh = SimpleNamespace(devices=np.array([SimpleNamespace(platform=platform)] * 2))
-        assert decode_steps.per_layer_decode(mesh) is expected
+        assert cpu_decode.per_layer_decode(mesh) is expected

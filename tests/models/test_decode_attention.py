@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from searchjax.models import native
-from searchjax.models.decode_attention import decode_attention
+from searchjax.models.decode_attention import block_values, decode_attention, unblock_values
 
 B = 3
 
@@ -54,7 +54,8 @@ def test_the_native_kernel_builds_here_and_is_what_native_calls():
 
 
 # (K, G, D, W): SmolLM2's 3 query heads per kv head on a small window, then Qwen2.5-0.5B's 7 per kv head with a
-# head dimension that leaves the kernel's 32-column blocks a tail, then one per kv head (multi-head attention).
+# head dimension that is not a multiple of 32 (the kernel's values in blocks of 8 columns), then one per kv head
+# (multi-head attention). The bf16 test below has D = 64: blocks of 32.
 SHAPES = [(2, 3, 8, 64), (2, 7, 48, 40), (3, 1, 16, 16)]
 
 
@@ -89,3 +90,19 @@ def test_bfloat16_attention_of_the_kernel_equals_the_jnp_form(window_dtype):
         assert np.all(np.abs(got[flag] - want) <= step), flag
     assert np.mean(got[True] != got[False]) < 0.05
     np.testing.assert_allclose(got[True], got[False], rtol=2 ** -7, atol=1e-6)
+
+
+def test_the_blocked_value_layout_gives_the_same_attention_in_both_forms():
+    """`block_values` ([B, K, D / 32, W, 32], what `cpu_decode.split_cache` makes for the kernel) and [B, K, W, D]
+    are the same values: each form converts the layout it does not read, and the results are bitwise equal."""
+    inputs, visible = _inputs(3, 2, 3, 64, 64, 50)
+    args = {name: jnp.asarray(value, jnp.float32) for name, value in inputs.items()}
+    blocked = dict(args, v_window=block_values(args["v_window"]))
+    assert blocked["v_window"].shape == (B, 2, 2, 64, 32)
+    np.testing.assert_array_equal(np.asarray(blocked["v_window"][:, :, 1, 5]),  # slot 5, columns 32-63
+                                  np.asarray(args["v_window"][:, :, 5, 32:]))
+    np.testing.assert_array_equal(np.asarray(unblock_values(blocked["v_window"])), np.asarray(args["v_window"]))
+    for flag in (False, True):
+        plain, block = (np.asarray(decode_attention(**a, visible=jnp.asarray(visible), scale=0.3, native=flag))
+                        for a in (args, blocked))
+        np.testing.assert_array_equal(plain, block)

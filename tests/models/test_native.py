@@ -1,7 +1,7 @@
 """The CPU kernels' build and the skinny matmul (`searchjax.models.native`): the product against numpy in float64
 for the decode step's row counts and column blocks, in both weight dtypes; the packed layout; the build's cache
 and its failure. (Decode attention's kernel: `test_decode_attention.py`; both inside the decode step:
-`tests/generation/test_decode_step.py`.)"""
+`tests/generation/test_decode_step.py`; the block-attention kernel: `test_block_attention.py`.)"""
 
 import logging
 

@@ -28,6 +28,38 @@ inline v8f load8(const uint16_t* p) {  // bf16 -> f32 is exact: the bf16 bits ar
   const v8u u = __builtin_convertvector(h, v8u) << 16; v8f f; std::memcpy(&f, &u, sizeof f); return f;
 }
 inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
+inline v8i splat_i(int32_t x) { return v8i{x, x, x, x, x, x, x, x}; }
+inline v8i iota8() { return v8i{0, 1, 2, 3, 4, 5, 6, 7}; }
+
+// e^x for x <= 0 (logits minus their maximum): x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two parts
+// so n ln2 is exact), e^r by its degree-6 Taylor polynomial (relative error < 3e-7 on that interval), 2^n
+// from the exponent bits. Inputs below -87 give e^-87 ~ 1.6e-38 instead of underflowing, a weight that
+// vanishes next to the maximum's 1.
+inline v8f exp_nonpositive(v8f x) {
+  x = x < splat(-87.f) ? splat(-87.f) : x;
+  const v8f shifter = splat(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
+  const v8f n = (x * splat(1.44269504088896341f) + shifter) - shifter;
+  const v8f r = x - n * splat(0.693359375f) + n * splat(2.12194440e-4f);
+  v8f p = splat(1.f / 720.f);
+  p = p * r + splat(1.f / 120.f);
+  p = p * r + splat(1.f / 24.f);
+  p = p * r + splat(1.f / 6.f);
+  p = p * r + splat(0.5f);
+  p = p * r + splat(1.f);
+  p = p * r + splat(1.f);
+  const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+  v8f two_n; std::memcpy(&two_n, &bits, sizeof two_n);
+  return p * two_n;
+}
+
+// Pin v to a register at this point. A loop that reuses a loaded vector across several FMAs otherwise lets
+// the compiler fold the load into each FMA (x86's memory operands): the same bytes loaded once per use,
+// which makes a register tile bound by the load ports instead of the FMA units.
+inline void keep_in_register(v8f& v) {
+#if defined(__x86_64__)
+  asm("" : "+x"(v));
+#endif
+}
 
 // Tasks claimed from a shared counter by the calling thread and by helpers on XLA's pool. The caller waits
 // only for helpers that started before it ran out of tasks (a helper that starts later finds the pass closed

@@ -8,9 +8,10 @@
 // streaming read reaches 26-43 GB/s. Here each (row, kv head) is one task on XLA's intra-op thread pool,
 // and both products stream the window once:
 //   q k^T  keys slot-minor [D, W]: four key rows at a time, G x 8 logits per vector FMA chain;
-//   p v    values slot-major [W, D]: blocks of 32 output columns, G x 4 vector accumulators per block.
+//   p v    values in blocks of CB = 32 (or 8) columns, each [W, CB] contiguous (decode_attention.py's
+//          `block_values`): one sequential pass per block, G x CB / 8 vector accumulators.
 // Operands: q [B, K, G, D] f32 (already rounded to the compute dtype), k_new / v_new [B, K, D] f32,
-// k_window [B, K, D, W] and v_window [B, K, W, D] in f32 or bf16, visible [B, W] bool; attributes scale
+// k_window [B, K, D, W] and v_window [B, K, D / CB, W, CB] in f32 or bf16, visible [B, W] bool; attributes scale
 // (f32) and round_p (bool: round the normalised probabilities to bf16 before the products, as the
 // bf16 model does). Result [B, K, G, D] f32. D and W must be multiples of 8 and G at most 8
 // (decode_attention.py checks, else the jnp form runs).
@@ -32,27 +33,6 @@ inline v8f round_bf16(v8f x) {
   std::memcpy(&x, &u, sizeof x); return x;
 }
 
-// e^x for x <= 0 (logits minus their maximum): x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two parts
-// so n ln2 is exact), e^r by its degree-6 Taylor polynomial (relative error < 3e-7 on that interval), 2^n
-// from the exponent bits. Inputs below -87 give e^-87 ~ 1.6e-38 instead of underflowing, a weight that
-// vanishes next to the maximum's 1.
-inline v8f exp_nonpositive(v8f x) {
-  x = x < splat(-87.f) ? splat(-87.f) : x;
-  const v8f shifter = splat(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
-  const v8f n = (x * splat(1.44269504088896341f) + shifter) - shifter;
-  const v8f r = x - n * splat(0.693359375f) + n * splat(2.12194440e-4f);
-  v8f p = splat(1.f / 720.f);
-  p = p * r + splat(1.f / 120.f);
-  p = p * r + splat(1.f / 24.f);
-  p = p * r + splat(1.f / 6.f);
-  p = p * r + splat(0.5f);
-  p = p * r + splat(1.f);
-  p = p * r + splat(1.f);
-  const v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
-  v8f two_n; std::memcpy(&two_n, &bits, sizeof two_n);
-  return p * two_n;
-}
-
 struct Head {  // one (row, kv head)
   const float* q;       // [G, D]
   const float* k_new;   // [D]
@@ -63,13 +43,14 @@ struct Head {  // one (row, kv head)
   float* out;           // [G, D]
 };
 
-// out[g, c0:c0+8N] += sum_s p[g, s] v[s, c0:c0+8N]: N vectors of G accumulators held in registers.
+// out[g, c0:c0+8N] = sum_s p[g, s] block[s, 0:8N], block [W, 8N] (one block of value columns, contiguous): N
+// vectors of G accumulators held in registers.
 template <int G, int N, typename T>
-void probs_times_values(const float* probs, const T* v, int64_t W, int64_t D, int64_t c0, float* acc_out) {
+void probs_times_values(const float* probs, const T* block, int64_t W, int64_t D, int64_t c0, float* acc_out) {
   v8f acc[G][N] = {};
   for (int64_t s = 0; s < W; ++s) {
     v8f row[N];
-    for (int j = 0; j < N; ++j) row[j] = load8(v + s * D + c0 + 8 * j);
+    for (int j = 0; j < N; ++j) row[j] = load8(block + s * 8 * N + 8 * j);
     for (int g = 0; g < G; ++g) {
       const v8f p = splat(probs[g * W + s]);
       for (int j = 0; j < N; ++j) acc[g][j] += p * row[j];
@@ -80,7 +61,7 @@ void probs_times_values(const float* probs, const T* v, int64_t W, int64_t D, in
 }
 
 template <int G, typename T>
-void attend(const Head& h, int64_t D, int64_t W, float scale, bool round_p, float* probs) {
+void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool round_p, float* probs) {
   const T* kw = static_cast<const T*>(h.k_window);
   const T* vw = static_cast<const T*>(h.v_window);
   // logits[g, s] = q[g] . k[:, s], four key rows per pass over the window (fewer passes over the logits)
@@ -125,14 +106,11 @@ void attend(const Head& h, int64_t D, int64_t W, float scale, bool round_p, floa
       store8(l + s, round_p ? round_bf16(p) : p);
     }
   }
-  // out = P V over the window, in blocks of up to 32 columns, then the token's own term
-  for (int64_t c0 = 0; c0 < D; c0 += 32) {
-    switch (std::min<int64_t>(4, (D - c0) / 8)) {
-      case 4: probs_times_values<G, 4>(probs, vw, W, D, c0, h.out); break;
-      case 3: probs_times_values<G, 3>(probs, vw, W, D, c0, h.out); break;
-      case 2: probs_times_values<G, 2>(probs, vw, W, D, c0, h.out); break;
-      default: probs_times_values<G, 1>(probs, vw, W, D, c0, h.out); break;
-    }
+  // out = P V over the window, one block of CB value columns at a time (each [W, CB], contiguous), then the
+  // token's own term
+  for (int64_t c0 = 0; c0 < D; c0 += CB) {
+    if (CB == 32) probs_times_values<G, 4>(probs, vw + c0 * W, W, D, c0, h.out);
+    else probs_times_values<G, 1>(probs, vw + c0 * W, W, D, c0, h.out);
   }
   for (int g = 0; g < G; ++g) {
     float p = own[g] / total[g];
@@ -146,7 +124,7 @@ ffi::Error run(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_new, ffi
                ffi::AnyBuffer k_window, ffi::AnyBuffer v_window, ffi::AnyBuffer visible, float scale, bool round_p,
                ffi::Result<ffi::AnyBuffer> out) {
   const auto dims = k_window.dimensions();  // [B, K, D, W]
-  const int64_t B = dims[0], K = dims[1], D = dims[2], W = dims[3];
+  const int64_t B = dims[0], K = dims[1], D = dims[2], W = dims[3], CB = v_window.dimensions()[4];
   const bool bf16 = k_window.element_type() == ffi::DataType::BF16;
   const int64_t item = bf16 ? 2 : 4;
   const auto* qp = static_cast<const float*>(q.untyped_data());
@@ -161,8 +139,8 @@ ffi::Error run(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_new, ffi
     probs.resize(G * W);
     const Head h{qp + t * G * D, knp + t * D, vnp + t * D, kwp + t * D * W * item, vwp + t * W * D * item,
                  visp + (t / K) * W, outp + t * G * D};
-    if (bf16) attend<G, uint16_t>(h, D, W, scale, round_p, probs.data());
-    else attend<G, float>(h, D, W, scale, round_p, probs.data());
+    if (bf16) attend<G, uint16_t>(h, D, W, CB, scale, round_p, probs.data());
+    else attend<G, float>(h, D, W, CB, scale, round_p, probs.data());
   });
   return ffi::Error::Success();
 }
@@ -172,9 +150,11 @@ ffi::Error decode_attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuff
                             bool round_p, ffi::Result<ffi::AnyBuffer> out) {
   const auto qd = q.dimensions();
   const auto kd = k_window.dimensions();
-  if (qd.size() != 4 || kd.size() != 4 || kd[2] % 8 != 0 || kd[3] % 8 != 0)
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "decode_attention: q must be [B, K, G, D] and "
-                      "k_window [B, K, D, W] with D and W multiples of 8");
+  const auto vd = v_window.dimensions();
+  if (qd.size() != 4 || kd.size() != 4 || kd[2] % 8 != 0 || kd[3] % 8 != 0 || vd.size() != 5 ||
+      (vd[4] != 32 && vd[4] != 8) || vd[2] * vd[4] != kd[2] || vd[3] != kd[3])
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "decode_attention: q must be [B, K, G, D], k_window "
+                      "[B, K, D, W] with D and W multiples of 8, v_window [B, K, D / CB, W, CB] with CB 32 or 8");
   switch (qd[2]) {
 #define SEARCHJAX_GROUP(g) case g: return run<g>(pool, q, k_new, v_new, k_window, v_window, visible, scale, round_p, out);
     SEARCHJAX_GROUP(1) SEARCHJAX_GROUP(2) SEARCHJAX_GROUP(3) SEARCHJAX_GROUP(4)

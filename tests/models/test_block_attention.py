@@ -1,0 +1,101 @@
+"""The block-attention kernel (`native.block_attention`, prefill's and append's attention on one CPU device):
+against a float64 numpy softmax written from the masking rule, and against `kernels.grouped_attention` with
+`transformer.attention_mask`'s mask; the switch (`decode_steps.block_model`) and its use by append, whose result
+must equal the jnp form's. Greedy parity of whole generations (which now run it) is tests/generation's."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from searchjax import decode_steps, generation
+from searchjax.models import kernels, native, transformer
+
+# (B, T, N, K, D, S, first): G = 3 (SmolLM2), 1, 7 (Qwen2.5-0.5B) and 2; one token tile and several, a last
+# tile of 8 tokens (136 = 2 x 64 + 8); prompts (first = 0) and appends; windows ending mid key block
+SHAPES = [(2, 16, 9, 3, 64, 64, 20), (3, 136, 4, 4, 32, 512, 300), (2, 24, 14, 2, 64, 128, 0),
+          (1, 8, 2, 1, 16, 20, 8), (2, 64, 6, 3, 128, 200, 130)]
+
+
+def _inputs(B, T, N, K, D, S, first, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((B, T, N, D), (B, S, K, D), (B, S, K, D)))
+    seen = np.zeros((B, S), bool)
+    seen[:, :first] = rng.random((B, first)) > 0.3  # earlier turns' padding: holes anywhere before the block
+    tokens = np.ones((B, T), bool)
+    tokens[0, :min(5, T - 1)] = False  # a left-padded block row (padding queries still see their own slot)
+    seen[:, first:first + T] = tokens
+    return q, k, v, seen, tokens
+
+
+def _reference(q, k, v, seen, first, scale):
+    """softmax over the visible slots in float64: query t sees slot s iff (s < first + t and seen[s]) or
+    s == first + t; query head n reads kv head n // G."""
+    B, T, N, D = q.shape
+    S, K = k.shape[1], k.shape[2]
+    out = np.zeros(q.shape)
+    for b in range(B):
+        for t in range(T):
+            slots = np.arange(S)
+            visible = ((slots < first + t) & seen[b]) | (slots == first + t)
+            for n in range(N):
+                h = n // (N // K)
+                logits = scale * k[b, :, h].astype(np.float64) @ q[b, t, n].astype(np.float64)
+                p = np.where(visible, np.exp(logits - logits[visible].max()), 0.0)
+                out[b, t, n] = p @ v[b, :, h] / p.sum()
+    return out
+
+
+@pytest.mark.parametrize("B, T, N, K, D, S, first", SHAPES)
+def test_block_attention_equals_the_float64_softmax_and_grouped_attention(B, T, N, K, D, S, first):
+    q, k, v, seen, tokens = _inputs(B, T, N, K, D, S, first, seed=T * S)
+    assert native.block_attention_fits(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))  # built here: CI runs it
+    scale = D ** -0.5
+    got = np.asarray(jax.jit(native.block_attention, static_argnums=5)(q, k, v, seen, first, scale))
+    np.testing.assert_allclose(got, _reference(q, k, v, seen, first, scale), rtol=0, atol=2e-5)
+    mask = transformer.attention_mask(jnp.asarray(tokens), jnp.asarray(seen), first)
+    jnp_form = kernels.grouped_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask, scale)
+    np.testing.assert_allclose(got, np.asarray(jnp_form), rtol=0, atol=2e-5)
+    # the mask's last query row is what the model passes as `seen`: the same slots before that query
+    np.testing.assert_array_equal(np.asarray(mask[:, 0, -1, :first + T - 1]), seen[:, :first + T - 1])
+
+
+def test_block_attention_fits_float32_blocks_only():
+    f32, bf16 = jnp.zeros((1, 16, 4, 8)), jnp.zeros((1, 16, 4, 8), jnp.bfloat16)
+    cache = jnp.zeros((1, 32, 2, 8))
+    assert native.block_attention_fits(f32, cache, cache)
+    assert not native.block_attention_fits(bf16, cache.astype(jnp.bfloat16), cache.astype(jnp.bfloat16))
+    assert not native.block_attention_fits(jnp.zeros((1, 12, 4, 8)), cache, cache)  # T not a multiple of 8
+
+
+def test_append_runs_the_kernel_on_one_cpu_device_and_equals_the_jnp_form(monkeypatch):
+    config = transformer.ModelConfig(architecture="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
+                                     num_layers=2, num_heads=6, num_kv_heads=2, head_dim=16)
+    model = transformer.Transformer(config)
+    params = transformer.init_params(config, jax.random.PRNGKey(0))
+    assert decode_steps.block_model(model, None).config.attention_impl == "native"
+    assert decode_steps.block_model(None, None) is None
+
+    def run(native_on: bool):
+        monkeypatch.setenv("SEARCHJAX_NATIVE", "1" if native_on else "0")
+        native._target.cache_clear()
+        jax.clear_caches()
+        session = generation.start(model, params, [[1, 2, 3], [4, 5, 6, 7, 8]], max_cache_len=64, seed=0)
+        session, _ = generation.decode(session, 3)
+        session = generation.append(session, [[9, 10, 11, 12, 13, 14, 15, 16, 17], [18, 19]])
+        return session
+
+    with_kernel, without = run(True), run(False)
+    np.testing.assert_allclose(np.asarray(with_kernel.state.next_logits), np.asarray(without.state.next_logits),
+                               rtol=0, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(with_kernel.state.cache.k), np.asarray(without.state.cache.k), atol=1e-5)
+    assert generation.sequences(with_kernel) == generation.sequences(without)
+    monkeypatch.setenv("SEARCHJAX_NATIVE", "1")
+    native._target.cache_clear()
+    state = with_kernel.state
+    hlo = decode_steps.append_block.lower(params, state, jnp.zeros((2, 16), jnp.int32), jnp.full((2,), 16),
+                                          model=model, logits_fn=None, mesh=None, rules=None).as_text()
+    assert native.BLOCK_ATTENTION_TARGET in hlo
+    assert os.environ["SEARCHJAX_NATIVE"] == "1"
