@@ -29,15 +29,15 @@ body). How (the CPU step, `searchjax.cpu_decode`): `decode_loop` makes per-layer
 and per-layer window buffers (`split_cache`, heads-major) once per launch, before its loop, and writes the
 slots the launch wrote back afterwards (`merge_cache`, in place). The step (`decode_forward`) runs the layers
 unrolled; each attends over its window read-only plus the new token, the two softmax parts merged exactly
-(`searchjax.models.decode_attention`), and writes just the token's slot. (The former step sliced each layer's cache and weights out of the stacked
-[L, ...] arrays in a layer scan and let attention write the token into the layer's cache: on XLA:CPU those
-slices and the write are copies, ~60 % of a step with a 2,000-slot window.) The window W rather than all S
-slots bounds the reads, and sampling does not sort the vocabulary (`searchjax.sampling`), so a step's time
-grows with the text so far (`searchjax.bench.decode_window` measures how much), not with max_cache_len. The
-per-call copies cost one more set of layer weights and one window of memory while decoding (the window copy
-was made before too). On one CPU device the step's attention and, at 2-32 rows, its products and LM head run as
-hand-written kernels (`searchjax.models.native`, `packed_decode`): XLA:CPU's code for those shapes read the
-window and the weights at a third of the host's bandwidth.
+(`searchjax.models.decode_attention`), and writes just the token's slot. (The former step sliced each layer's
+cache and weights out of the stacked [L, ...] arrays in a layer scan and let attention write the token into
+the layer's cache: on XLA:CPU those slices and the write are copies, ~60 % of a step with a 2,000-slot
+window.) The window W rather than all S slots bounds the reads, and sampling does not sort the vocabulary
+(`searchjax.sampling`), so a step's time grows with the text so far (`searchjax.bench.decode_window` measures
+how much), not with max_cache_len. The per-call copies cost one more set of layer weights and one window of
+memory while decoding (the window copy was made before too). On one CPU device the step's attention and, at
+2-32 rows, its products and LM head run as hand-written kernels (`searchjax.models.native`, `packed_decode`):
+XLA:CPU's code for those shapes read the window and the weights at a third of the host's bandwidth.
 """
 
 from __future__ import annotations
