@@ -17,7 +17,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from searchjax.models import KVCache, lm_head_weight, native, transformer
-from searchjax.models.decode_attention import decode_attention, kernel_runs, value_block
+from searchjax.models.decode_attention import (block_values, decode_attention, kernel_runs, unblock_values,
+                                               value_block)
 from searchjax.models.kernels import matmul, swiglu, update_slice, update_slice_in_dim
 
 
@@ -92,12 +93,10 @@ def split_cache(cache: Optional[KVCache], window: int, dtype=None, value_block: 
     if cache is None:
         return None
     count, dtype = cache.k.shape[0], cache.k.dtype if dtype is None else dtype
-    _, B, _, K, D = cache.v.shape  # [L, B, S, K, D]
 
     def values(layer):  # [B, W, K, D] -> [B, K, W, D] or [B, K, D / CB, W, CB]
-        if value_block is None:
-            return layer.transpose(0, 2, 1, 3)
-        return layer.reshape(B, layer.shape[1], K, D // value_block, value_block).transpose(0, 2, 3, 1, 4)
+        heads_major = layer.transpose(0, 2, 1, 3)
+        return heads_major if value_block is None else block_values(heads_major, value_block)
 
     return KVCache(k=tuple(cache.k[i, :, :window].transpose(0, 2, 3, 1).astype(dtype) for i in range(count)),
                    v=tuple(values(cache.v[i, :, :window]).astype(dtype) for i in range(count)),
@@ -152,8 +151,7 @@ def merge_cache(full: Optional[KVCache], part: Optional[KVCache], written_from,
 def _value_slots(layer, at, block: int) -> jax.Array:
     """Slots [at, at + block) of a value window (either `split_cache` layout) as [B, block, K, D]."""
     if layer.ndim == 5:  # [B, K, D / CB, W, CB]
-        part = jax.lax.dynamic_slice_in_dim(layer, at, block, axis=3)
-        return part.transpose(0, 3, 1, 2, 4).reshape(part.shape[0], block, part.shape[1], -1)
+        return unblock_values(jax.lax.dynamic_slice_in_dim(layer, at, block, axis=3)).transpose(0, 2, 1, 3)
     return jax.lax.dynamic_slice_in_dim(layer, at, block, axis=2).transpose(0, 2, 1, 3)
 
 
@@ -195,7 +193,7 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
     k_window = update_slice(k_window, jnp.where(never, 0, k.transpose(0, 2, 3, 1)), (0, 0, 0, index))
     v_slot = v.transpose(0, 2, 1, 3)  # [B, K, 1, D]
     if v_window.ndim == 5:  # [B, K, D / CB, 1, CB]
-        v_slot = v_slot.reshape(*v_slot.shape[:3], -1, v_window.shape[4]).transpose(0, 1, 3, 2, 4)
+        v_slot = block_values(v_slot, v_window.shape[4])
         v_window = update_slice(v_window, jnp.where(never[..., None], 0, v_slot), (0, 0, 0, index, 0))
     else:
         v_window = update_slice(v_window, jnp.where(never, 0, v_slot), (0, 0, index, 0))

@@ -66,11 +66,11 @@ def _greedy_steps(params, cache, token, steps, *, model, window, former):
         weights = cpu_decode.layer_weights(params, config, pack=packed)
         head = cpu_decode.packed_lm_head(params, config) if packed else None
         part = cpu_decode.split_cache(cache, window, cpu_decode.CPU_WINDOW_DTYPE,
-                                        cpu_decode.window_value_block(config, None))  # as decode_loop makes it
+                                      cpu_decode.window_value_block(config, None))  # as decode_loop makes it
 
         def forward(token, position, part):
             return cpu_decode.decode_forward(params, weights, model, token, position, running, part,
-                                               packed_head=head)
+                                             packed_head=head)
 
     def step(_, carry):
         token, position, part = carry

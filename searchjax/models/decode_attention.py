@@ -41,6 +41,8 @@ for a step that runs it.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,14 +59,14 @@ def value_block(head_dim: int) -> int:
     return VALUE_BLOCK if head_dim % VALUE_BLOCK == 0 else 8
 
 
-def block_values(v: jax.Array) -> jax.Array:
-    """Values [B, K, W, D] -> [B, K, D / CB, W, CB] (CB = `value_block(D)`): the kernel's layout, each block of
+def block_values(v: jax.Array, block: Optional[int] = None) -> jax.Array:
+    """Values [B, K, W, D] -> [B, K, D / CB, W, CB] (CB = block, default `value_block(D)`): the kernel's layout, each block of
     CB columns over all the slots one contiguous stretch, so each of the kernel's P V passes (one per block of
     columns its registers hold) streams its bytes in order. Over [W, D] rows each pass read CB of every D
     columns, and the values streamed at ~18 GB/s against the keys' ~33 (30 layers, batch 8, 2,048 slots: the
     kernel 36.5 -> 30.9 ms in a layout-only trial, `docs/performance.md`, "Appends")."""
     B, K, W, D = v.shape
-    block = value_block(D)
+    block = block or value_block(D)
     return v.reshape(B, K, W, D // block, block).transpose(0, 1, 3, 2, 4)
 
 

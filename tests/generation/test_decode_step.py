@@ -14,7 +14,7 @@ import pytest
 
 from searchjax import cpu_decode, decode_steps, sampling
 from searchjax.models import KVCache, init_cache, native, transformer
-from searchjax.models.decode_attention import unblock_values
+from searchjax.models.decode_attention import block_values, unblock_values
 
 # every architecture switch: GQA with q/k norms (Qwen3), q/k/v biases (Qwen2), tied embeddings (Llama), MHA
 CONFIGS = {
@@ -100,8 +100,8 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
         head = cpu_decode.packed_lm_head(params, config) if kernels else None
         values = cpu_decode.window_value_block(config, None) if kernels else None  # the kernel's layout
         logits, part = cpu_decode.decode_forward(params, weights, model, token, lengths, running,
-                                                   cpu_decode.split_cache(cache, W, window_dtype, values),
-                                                   native_attention=kernels, packed_head=head)
+                                                 cpu_decode.split_cache(cache, W, window_dtype, values),
+                                                 native_attention=kernels, packed_head=head)
         return logits, cpu_decode.merge_cache(cache, part, cache.index)
 
     logits, new_cache = step(params, cache)
@@ -154,8 +154,7 @@ def test_merge_cache_writes_back_the_written_slots_only(written_from, written_to
                 for i, layer in enumerate(part.v)),
         mask=jnp.asarray(new_mask), index=jnp.int32(written_to))
     if value_block:
-        part = part.replace(v=tuple(layer.reshape(B, K, W, D // value_block, value_block).transpose(0, 1, 3, 2, 4)
-                                    for layer in part.v))
+        part = part.replace(v=tuple(block_values(layer, value_block) for layer in part.v))
     expected_k, expected_v = np.asarray(full.k, np.float32).copy(), np.asarray(full.v, np.float32).copy()
     expected_k[:, :, slots] = np.asarray(jnp.asarray(new_k[:, :, slots], jnp.bfloat16), np.float32)
     expected_v[:, :, slots] = np.asarray(jnp.asarray(new_v[:, :, slots], jnp.bfloat16), np.float32)

@@ -34,7 +34,7 @@ struct Task {
   const float* k;       // [S, K, D] of this row, offset to this kv head
   const float* v;
   const bool* seen;     // [S]
-  int64_t S, KD, D, R, TT;
+  int64_t KD, D, R, TT;
   int64_t first_row_slot;  // first + t0: the slot of the tile's first token
   float* qt;            // [D, R] the tile's queries, scaled, rows r = g TT + t
   float* acc;           // [D, R]
@@ -105,13 +105,6 @@ inline void over_rows(int64_t R, const Tile& tile) {
 }
 
 void key_block(Task& t, int64_t s0, int64_t J) {  // J <= KB slots from s0, J a multiple of 4
-#ifdef PREFETCH_NEXT
-  for (int64_t j = s0 + J; j < std::min(t.S, s0 + J + KB); ++j)
-    for (int64_t b = 0; b < t.D * 4; b += 64) {
-      __builtin_prefetch(reinterpret_cast<const char*>(t.k + j * t.KD) + b, 0, 3);
-      __builtin_prefetch(reinterpret_cast<const char*>(t.v + j * t.KD) + b, 0, 3);
-    }
-#endif
   for (int64_t j0 = 0; j0 < J; j0 += 4)
     over_rows(t.R, [&](auto rv, int64_t r0) { logits_tile<decltype(rv)::value>(t, s0, j0, r0); });
   // online softmax: new max, rescale the running sum and accumulator, probabilities in place
@@ -161,7 +154,7 @@ ffi::Error block_attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
     const int64_t tokens = std::min(TT, T - t0), R = G * tokens;  // tokens: a multiple of 8
     thread_local std::vector<float> buffer;
     buffer.assign(2 * D * R + KB * R + 2 * R, 0.f);
-    Task t{kp + (b * S * K + h) * D, vp + (b * S * K + h) * D, sp + b * S, S, K * D, D, R, tokens, start + t0,
+    Task t{kp + (b * S * K + h) * D, vp + (b * S * K + h) * D, sp + b * S, K * D, D, R, tokens, start + t0,
            buffer.data(), buffer.data() + D * R, buffer.data() + 2 * D * R, buffer.data() + 2 * D * R + KB * R,
            buffer.data() + 2 * D * R + KB * R + R};
     for (int64_t g = 0; g < G; ++g)
