@@ -51,20 +51,22 @@ from searchjax.models import native as native_kernels
 from searchjax.models.kernels import matmul
 
 
-VALUE_BLOCK = 32  # value columns per block in the kernel's value layout (`block_values`)
+VALUE_BLOCK = 16  # value columns per block in the kernel's value layout (`block_values`)
 
 
 def value_block(head_dim: int) -> int:
-    """Columns per block of `block_values`' layout: VALUE_BLOCK, or 8 when head_dim is not a multiple of it."""
-    return VALUE_BLOCK if head_dim % VALUE_BLOCK == 0 else 8
+    """Columns per block of `block_values`' layout: VALUE_BLOCK when head_dim is a multiple of twice it (the
+    kernel reads two blocks per pass), else 8."""
+    return VALUE_BLOCK if head_dim % (2 * VALUE_BLOCK) == 0 else 8
 
 
 def block_values(v: jax.Array, block: Optional[int] = None) -> jax.Array:
-    """Values [B, K, W, D] -> [B, K, D / CB, W, CB] (CB = block, default `value_block(D)`): the kernel's layout, each block of
-    CB columns over all the slots one contiguous stretch, so each of the kernel's P V passes (one per block of
-    columns its registers hold) streams its bytes in order. Over [W, D] rows each pass read CB of every D
-    columns, and the values streamed at ~18 GB/s against the keys' ~33 (30 layers, batch 8, 2,048 slots: the
-    kernel 36.5 -> 30.9 ms in a layout-only trial, `docs/performance.md`, "Appends")."""
+    """Values [B, K, W, D] -> [B, K, D / CB, W, CB] (CB = block, default `value_block(D)`): the kernel's
+    layout, each block of CB columns over all the slots one contiguous stretch, so each of the kernel's P V
+    passes (two blocks, the 32 columns its registers hold) reads two sequential streams. Over [W, D] rows each
+    pass read CB of every D columns, and the values streamed at ~18 GB/s against the keys' ~33 (30 layers,
+    batch 8, 2,048 slots: 36.5 -> 30.9 ms with one block of 32 per pass); two blocks of 16 per pass read them at
+    ~30 GB/s where one block of 32 read ~25 (`docs/performance.md`, "Several streams per thread")."""
     B, K, W, D = v.shape
     block = block or value_block(D)
     return v.reshape(B, K, W, D // block, block).transpose(0, 1, 3, 2, 4)

@@ -53,10 +53,11 @@ def test_the_native_kernel_builds_here_and_is_what_native_calls():
     assert native.DECODE_ATTENTION_TARGET in lowered[True] and native.DECODE_ATTENTION_TARGET not in lowered[False]
 
 
-# (K, G, D, W): SmolLM2's 3 query heads per kv head on a small window, then Qwen2.5-0.5B's 7 per kv head with a
-# head dimension that is not a multiple of 32 (the kernel's values in blocks of 8 columns), then one per kv head
-# (multi-head attention). The bf16 test below has D = 64: blocks of 32.
-SHAPES = [(2, 3, 8, 64), (2, 7, 48, 40), (3, 1, 16, 16)]
+# (K, G, D, W): SmolLM2's 3 query heads per kv head on a small window, then with its head dimension (values in
+# blocks of 16 columns, read two at a time), then Qwen2.5-0.5B's 7 per kv head with a head dimension that is not
+# a multiple of 32 (the kernel's values in blocks of 8 columns), then one per kv head (multi-head attention).
+# The bf16 test below has D = 64: blocks of 16, read in pairs.
+SHAPES = [(2, 3, 8, 64), (2, 3, 64, 48), (2, 7, 48, 40), (3, 1, 16, 16)]
 
 
 @pytest.mark.parametrize("form", ["jnp", "native"])
@@ -93,16 +94,39 @@ def test_bfloat16_attention_of_the_kernel_equals_the_jnp_form(window_dtype):
 
 
 def test_the_blocked_value_layout_gives_the_same_attention_in_both_forms():
-    """`block_values` ([B, K, D / 32, W, 32], what `cpu_decode.split_cache` makes for the kernel) and [B, K, W, D]
+    """`block_values` ([B, K, D / 16, W, 16], what `cpu_decode.split_cache` makes for the kernel) and [B, K, W, D]
     are the same values: each form converts the layout it does not read, and the results are bitwise equal."""
     inputs, visible = _inputs(3, 2, 3, 64, 64, 50)
     args = {name: jnp.asarray(value, jnp.float32) for name, value in inputs.items()}
     blocked = dict(args, v_window=block_values(args["v_window"]))
-    assert blocked["v_window"].shape == (B, 2, 2, 64, 32)
-    np.testing.assert_array_equal(np.asarray(blocked["v_window"][:, :, 1, 5]),  # slot 5, columns 32-63
-                                  np.asarray(args["v_window"][:, :, 5, 32:]))
+    assert blocked["v_window"].shape == (B, 2, 4, 64, 16)
+    np.testing.assert_array_equal(np.asarray(blocked["v_window"][:, :, 1, 5]),  # slot 5, columns 16-31
+                                  np.asarray(args["v_window"][:, :, 5, 16:32]))
     np.testing.assert_array_equal(np.asarray(unblock_values(blocked["v_window"])), np.asarray(args["v_window"]))
     for flag in (False, True):
         plain, block = (np.asarray(decode_attention(**a, visible=jnp.asarray(visible), scale=0.3, native=flag))
                         for a in (args, blocked))
         np.testing.assert_array_equal(plain, block)
+
+
+def test_the_kernel_reads_only_the_stretch_from_the_first_visible_slot_to_the_last():
+    """A decode launch's window runs past the slots written so far, and a short prompt's row starts with left
+    padding: the kernel skips both ends (whole groups of 8 slots) with their bytes. NaN keys and values there
+    leave its result the softmax over the visible slots (read, they would make it NaN: 0 x NaN), while slots
+    inside the stretch are still masked one by one."""
+    K, G, D, W = 2, 3, 64, 96
+    inputs, visible = _inputs(7, K, G, D, W, 70)  # row 2 ends at slot 35
+    visible[1, :12] = False  # row 1 starts at slot 12: slots 0-7 are skipped, 8-11 masked
+    visible[0, 40] = False  # a hole inside the stretch: masked, not skipped
+    for b in range(B):
+        seen = np.flatnonzero(visible[b])
+        outside = np.ones(W, bool)
+        outside[seen[0] // 8 * 8:-(-(seen[-1] + 1) // 8) * 8] = False
+        assert outside.any()
+        inputs["k_window"][b][..., outside] = np.nan
+        inputs["v_window"][b][:, outside] = np.nan
+    want = _reference(**inputs, visible=visible, scale=0.3)
+    assert np.isfinite(want).all()
+    got = decode_attention(**{name: jnp.asarray(value, jnp.float32) for name, value in inputs.items()},
+                           visible=jnp.asarray(visible), scale=0.3, native=True)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)

@@ -6,10 +6,13 @@
 // Why by hand: XLA:CPU (jax 0.10.2) lowers the two skinny batched products (G = 3 query rows per kv head
 // against thousands of slots) to kernels that read a float32 window at 8-9 GB/s on a 2-core AMD EPYC whose
 // streaming read reaches 26-43 GB/s. Here each (row, kv head) is one task on XLA's intra-op thread pool,
-// and both products stream the window once:
+// and both products stream the window once, each reading several sequential streams at a time (one stream
+// per thread leaves the memory system idle between its prefetches: P V over one block of 32 columns read
+// the values at ~25 GB/s, over two blocks of 16 at ~30):
 //   q k^T  keys slot-minor [D, W]: four key rows at a time, G x 8 logits per vector FMA chain;
-//   p v    values in blocks of CB = 32 (or 8) columns, each [W, CB] contiguous (decode_attention.py's
-//          `block_values`): one sequential pass per block, G x CB / 8 vector accumulators.
+//   p v    values in blocks of CB = 16 columns (8 when D is not a multiple of 32), each [W, CB] contiguous
+//          (decode_attention.py's `block_values`): two blocks per pass, G x 4 vector accumulators.
+// Only the slots from the first visible one to the last are read (`attend`).
 // Operands: q [B, K, G, D] f32 (already rounded to the compute dtype), k_new / v_new [B, K, D] f32,
 // k_window [B, K, D, W] and v_window [B, K, D / CB, W, CB] in f32 or bf16, visible [B, W] bool; attributes scale
 // (f32) and round_p (bool: round the normalised probabilities to bf16 before the products, as the
@@ -25,6 +28,13 @@ using namespace searchjax_native;
 
 inline float lane_max(v8f v) { float m = v[0]; for (int i = 1; i < 8; ++i) m = std::max(m, v[i]); return m; }
 inline float lane_sum(v8f v) { float s = 0.f; for (int i = 0; i < 8; ++i) s += v[i]; return s; }
+
+// The visibility of 8 slots as lanes (nonzero: visible), from 8 bool bytes.
+inline v8i visible8(const bool* v) {
+  typedef uint8_t v8b __attribute__((vector_size(8)));
+  v8b b; std::memcpy(&b, v, sizeof b);
+  return __builtin_convertvector(b, v8i);
+}
 
 // Round to the nearest bf16, ties to even (the finite values a softmax gives; no NaN handling needed).
 inline v8f round_bf16(v8f x) {
@@ -43,79 +53,95 @@ struct Head {  // one (row, kv head)
   float* out;           // [G, D]
 };
 
-// out[g, c0:c0+8N] = sum_s p[g, s] block[s, 0:8N], block [W, 8N] (one block of value columns, contiguous): N
-// vectors of G accumulators held in registers.
-template <int G, int N, typename T>
-void probs_times_values(const float* probs, const T* block, int64_t W, int64_t D, int64_t c0, float* acc_out) {
-  v8f acc[G][N] = {};
-  for (int64_t s = 0; s < W; ++s) {
-    v8f row[N];
-    for (int j = 0; j < N; ++j) row[j] = load8(block + s * 8 * N + 8 * j);
+// out[g, c0 + 8Nq : c0 + 8N(q+1)] = sum_s p[g, s] block_q[s, 0:8N] for P consecutive blocks of 8N value
+// columns (each [W, 8N], contiguous, block q at block0 + q 8N W): P sequential streams at once, N vectors of each
+// held for the G accumulator rows. Two streams read the values at ~30 GB/s here where one read at ~25 (below).
+template <int G, int N, int P, typename T>
+void probs_times_values(const float* probs, const T* block0, int64_t W, int64_t begin, int64_t end, int64_t D,
+                        int64_t c0, float* acc_out) {
+  v8f acc[G][P * N] = {};
+  for (int64_t s = begin; s < end; ++s) {
+    v8f row[P * N];
+    for (int q = 0; q < P; ++q)
+      for (int j = 0; j < N; ++j) row[q * N + j] = load8(block0 + (q * W + s) * 8 * N + 8 * j);
     for (int g = 0; g < G; ++g) {
       const v8f p = splat(probs[g * W + s]);
-      for (int j = 0; j < N; ++j) acc[g][j] += p * row[j];
+      for (int j = 0; j < P * N; ++j) acc[g][j] += p * row[j];
     }
   }
   for (int g = 0; g < G; ++g)
-    for (int j = 0; j < N; ++j) store8(acc_out + g * D + c0 + 8 * j, acc[g][j]);
+    for (int j = 0; j < P * N; ++j) store8(acc_out + g * D + c0 + 8 * j, acc[g][j]);
 }
 
 template <int G, typename T>
 void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool round_p, float* probs) {
   const T* kw = static_cast<const T*>(h.k_window);
   const T* vw = static_cast<const T*>(h.v_window);
+  // Only the stretch of 8-slot groups from the first visible slot to the last is read: the slots a decode
+  // launch has not reached yet (its window runs up to where the launch will end) and a short prompt's left
+  // padding weigh exactly 0 and are skipped with their bytes.
+  int64_t begin = 0, end = W;
+  while (end > 0 && !h.visible[end - 1]) --end;
+  while (begin < end && !h.visible[begin]) ++begin;
+  begin &= ~int64_t{7};
+  end = (end + 7) & ~int64_t{7};
   // logits[g, s] = q[g] . k[:, s], four key rows per pass over the window (fewer passes over the logits)
-  std::fill(probs, probs + G * W, 0.f);
+  for (int g = 0; g < G; ++g) std::fill(probs + g * W + begin, probs + g * W + end, 0.f);
   for (int64_t d = 0; d < D; d += 4) {  // D is a multiple of 8
     const T* k0 = kw + d * W;
     v8f qd[G][4];
     for (int g = 0; g < G; ++g)
       for (int j = 0; j < 4; ++j) qd[g][j] = splat(h.q[g * D + d + j]);
-    for (int64_t s = 0; s < W; s += 8) {
+    for (int64_t s = begin; s < end; s += 8) {
       const v8f a0 = load8(k0 + s), a1 = load8(k0 + W + s), a2 = load8(k0 + 2 * W + s), a3 = load8(k0 + 3 * W + s);
       for (int g = 0; g < G; ++g)
         store8(probs + g * W + s, load8(probs + g * W + s) + qd[g][0] * a0 + qd[g][1] * a1 + qd[g][2] * a2 + qd[g][3] * a3);
     }
   }
-  // softmax over the visible slots and the token, one shift and one normaliser for both parts
+  // softmax over the visible slots and the token, one shift and one normaliser for both parts: the maximum of
+  // the raw logits (scale > 0 keeps its place), then the exponentials, hidden slots' set to 0. A bf16 model's
+  // probabilities are normalised and rounded before P V; in f32 the normaliser divides P V's result instead,
+  // one pass over the logits fewer.
   float own[G], total[G];
   for (int g = 0; g < G; ++g) {
     float* l = probs + g * W;
     float own_logit = 0.f;
     for (int64_t c = 0; c < D; ++c) own_logit += h.q[g * D + c] * h.k_new[c];
     own_logit *= scale;
-    v8f peak = splat(own_logit);
-    for (int64_t s = 0; s < W; s += 8) {
-      v8f x = load8(l + s) * splat(scale);
-      for (int i = 0; i < 8; ++i) x[i] = h.visible[s + i] ? x[i] : -1e30f;
-      store8(l + s, x);
-      peak = x > peak ? x : peak;
+    v8f peak = splat(-3.4e38f);
+    for (int64_t s = begin; s < end; s += 8) {
+      const v8f x = load8(l + s);
+      peak = (x > peak) & (visible8(h.visible + s) != 0) ? x : peak;
     }
-    const v8f m = splat(lane_max(peak));
+    const v8f m = splat(std::max(own_logit, lane_max(peak) * scale));
     v8f z = splat(0.f);
-    for (int64_t s = 0; s < W; s += 8) {
-      const v8f p = exp_nonpositive(load8(l + s) - m);
+    for (int64_t s = begin; s < end; s += 8) {
+      const v8f p = visible8(h.visible + s) != 0 ? exp_nonpositive(load8(l + s) * splat(scale) - m) : splat(0.f);
       z += p;
       store8(l + s, p);
     }
     own[g] = exp_nonpositive(splat(own_logit) - m)[0];
     total[g] = lane_sum(z) + own[g];
-    const v8f norm = splat(total[g]);
-    for (int64_t s = 0; s < W; s += 8) {
-      const v8f p = load8(l + s) / norm;
-      store8(l + s, round_p ? round_bf16(p) : p);
+    if (round_p) {
+      const v8f norm = splat(total[g]);
+      for (int64_t s = begin; s < end; s += 8) store8(l + s, round_bf16(load8(l + s) / norm));
     }
   }
-  // out = P V over the window, one block of CB value columns at a time (each [W, CB], contiguous), then the
-  // token's own term
-  for (int64_t c0 = 0; c0 < D; c0 += CB) {
-    if (CB == 32) probs_times_values<G, 4>(probs, vw + c0 * W, W, D, c0, h.out);
-    else probs_times_values<G, 1>(probs, vw + c0 * W, W, D, c0, h.out);
-  }
+  // out = P V over the window: values in blocks of CB = 16 columns read two blocks (32 columns) per pass, or
+  // of 8 columns one per pass (`decode_attention.value_block`), then the token's own term
+  if (CB == 16)
+    for (int64_t c0 = 0; c0 < D; c0 += 32)
+      probs_times_values<G, 2, 2>(probs, vw + c0 * W, W, begin, end, D, c0, h.out);
+  else
+    for (int64_t c0 = 0; c0 < D; c0 += 8)
+      probs_times_values<G, 1, 1>(probs, vw + c0 * W, W, begin, end, D, c0, h.out);
   for (int g = 0; g < G; ++g) {
     float p = own[g] / total[g];
     if (round_p) p = round_bf16(splat(p))[0];
-    for (int64_t c = 0; c < D; ++c) h.out[g * D + c] += p * h.v_new[c];
+    float* out = h.out + g * D;
+    if (!round_p)
+      for (int64_t c = 0; c < D; ++c) out[c] /= total[g];
+    for (int64_t c = 0; c < D; ++c) out[c] += p * h.v_new[c];
   }
 }
 
@@ -152,9 +178,10 @@ ffi::Error decode_attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuff
   const auto kd = k_window.dimensions();
   const auto vd = v_window.dimensions();
   if (qd.size() != 4 || kd.size() != 4 || kd[2] % 8 != 0 || kd[3] % 8 != 0 || vd.size() != 5 ||
-      (vd[4] != 32 && vd[4] != 8) || vd[2] * vd[4] != kd[2] || vd[3] != kd[3])
+      (vd[4] != 16 && vd[4] != 8) || (vd[4] == 16 && kd[2] % 32 != 0) || vd[2] * vd[4] != kd[2] || vd[3] != kd[3])
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "decode_attention: q must be [B, K, G, D], k_window "
-                      "[B, K, D, W] with D and W multiples of 8, v_window [B, K, D / CB, W, CB] with CB 32 or 8");
+                      "[B, K, D, W] with D and W multiples of 8, v_window [B, K, D / CB, W, CB] with CB 8, or 16 "
+                      "when D is a multiple of 32");
   switch (qd[2]) {
 #define SEARCHJAX_GROUP(g) case g: return run<g>(pool, q, k_new, v_new, k_window, v_window, visible, scale, round_p, out);
     SEARCHJAX_GROUP(1) SEARCHJAX_GROUP(2) SEARCHJAX_GROUP(3) SEARCHJAX_GROUP(4)

@@ -9,18 +9,24 @@
 // of accumulators in registers. The NV weight vectors of a k step are held in registers for the 4 rows
 // (`keep_in_register`): folded into each FMA they were loaded 4 times, 16 loads per 12 FMAs, and the tile was
 // bound by the load ports. SmolLM2's 30 layers and head, f32, best of 7: batch 8 33.9-34.2 -> 27.9-29.5 ms,
-// batch 32 82.4-83.5 -> 60.6-61.8 ms (140 GFLOP/s, the two cores' FMA peak here), same host, alternated.
+// batch 32 82.4-83.5 -> 60.6-61.8 ms, same host, alternated.
+// The k steps of a block are taken from STREAMS stretches of its rows in turn (k, K/8 + k, 2K/8 + k, ...): one
+// sequential stream per thread left the memory system idle between the prefetcher's requests. Batch 8 28-30 ->
+// 22-24 ms, batch 4 23.4 -> 16.4-19.5 ms (28-33 GB/s, the host's streaming read), batch 32 61 -> 55 ms; 4 streams
+// gave 24-25 ms at batch 8, 16 streams 30.
 #include "common.h"
 
 namespace {
 
 using namespace searchjax_native;
 
+constexpr int64_t STREAMS = 8;  // stretches of a column block's rows read at once (below)
+
 // y[m0:m0+R, n0:n0+8NV] = x[m0:m0+R] w_block, w_block [K, 8 NV] contiguous.
 template <int R, int NV, typename T>
 inline void tile(const float* x, const T* block, float* y, int64_t K, int64_t N, int64_t m0, int64_t n0) {
   v8f acc[R][NV] = {};
-  for (int64_t k = 0; k < K; ++k) {
+  auto step = [&](int64_t k) {
     v8f w[NV];
     for (int j = 0; j < NV; ++j) {
       w[j] = load8(block + k * 8 * NV + 8 * j);
@@ -30,7 +36,11 @@ inline void tile(const float* x, const T* block, float* y, int64_t K, int64_t N,
       const v8f xr = splat(x[(m0 + r) * K + k]);
       for (int j = 0; j < NV; ++j) acc[r][j] += xr * w[j];
     }
-  }
+  };
+  const int64_t stretch = K / STREAMS;
+  for (int64_t k = 0; k < stretch; ++k)
+    for (int i = 0; i < STREAMS; ++i) step(i * stretch + k);
+  for (int64_t k = STREAMS * stretch; k < K; ++k) step(k);
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < NV; ++j) store8(y + (m0 + r) * N + n0 + 8 * j, acc[r][j]);
 }
