@@ -36,7 +36,6 @@ struct Task {
   const bool* seen;     // [S]
   int64_t KD, D, R, TT;
   int64_t first_row_slot;  // first + t0: the slot of the tile's first token
-  bool masked;          // whether the current key block needs the mask (`key_block`)
   float* qt;            // [D, R] the tile's queries, scaled, rows r = g TT + t
   float* acc;           // [D, R]
   float* logits;        // [KB, R]
@@ -44,9 +43,10 @@ struct Task {
   float* l;             // [R]
 };
 
-// logits[j, r0:r0+8RV] for slots s0 + j0 .. s0 + j0 + 3 (J = 4 columns of accumulators).
+// logits[j, r0:r0+8RV] for slots s0 + j0 .. s0 + j0 + 3 (J = 4 columns of accumulators), masked unless the
+// key block needs no mask (`key_block`).
 template <int RV>
-inline void logits_tile(const Task& t, int64_t s0, int64_t j0, int64_t r0) {
+inline void logits_tile(const Task& t, int64_t s0, int64_t j0, int64_t r0, bool masked) {
   v8f a[RV][4] = {};
   const float* kj[4];
   for (int j = 0; j < 4; ++j) kj[j] = t.k + (s0 + j0 + j) * t.KD;
@@ -61,7 +61,7 @@ inline void logits_tile(const Task& t, int64_t s0, int64_t j0, int64_t r0) {
       for (int i = 0; i < RV; ++i) a[i][j] += q[i] * kv;
     }
   }
-  if (!t.masked) {  // every slot of the block seen and before every query's own: nothing to mask
+  if (!masked) {  // every slot of the block seen and before every query's own: nothing to mask
     for (int j = 0; j < 4; ++j)
       for (int i = 0; i < RV; ++i) store8(t.logits + (j0 + j) * t.R + r0 + 8 * i, a[i][j]);
     return;
@@ -111,9 +111,10 @@ inline void over_rows(int64_t R, const Tile& tile) {
 }
 
 void key_block(Task& t, int64_t s0, int64_t J) {  // J <= KB slots from s0, J a multiple of 4
-  t.masked = s0 + J > t.first_row_slot || !std::all_of(t.seen + s0, t.seen + s0 + J, [](bool b) { return b; });
+  const bool masked =
+      s0 + J > t.first_row_slot || !std::all_of(t.seen + s0, t.seen + s0 + J, [](bool b) { return b; });
   for (int64_t j0 = 0; j0 < J; j0 += 4)
-    over_rows(t.R, [&](auto rv, int64_t r0) { logits_tile<decltype(rv)::value>(t, s0, j0, r0); });
+    over_rows(t.R, [&](auto rv, int64_t r0) { logits_tile<decltype(rv)::value>(t, s0, j0, r0, masked); });
   // online softmax: new max, rescale the running sum and accumulator, probabilities in place
   for (int64_t r = 0; r < t.R; r += 8) {
     v8f peak = load8(t.m + r);
@@ -161,7 +162,7 @@ ffi::Error block_attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::B
     const int64_t tokens = std::min(TT, T - t0), R = G * tokens;  // tokens: a multiple of 8
     thread_local std::vector<float> buffer;
     buffer.assign(2 * D * R + KB * R + 2 * R, 0.f);
-    Task t{kp + (b * S * K + h) * D, vp + (b * S * K + h) * D, sp + b * S, K * D, D, R, tokens, start + t0, true,
+    Task t{kp + (b * S * K + h) * D, vp + (b * S * K + h) * D, sp + b * S, K * D, D, R, tokens, start + t0,
            buffer.data(), buffer.data() + D * R, buffer.data() + 2 * D * R, buffer.data() + 2 * D * R + KB * R,
            buffer.data() + 2 * D * R + KB * R + R};
     for (int64_t g = 0; g < G; ++g)
