@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from searchjax.models import KVCache, lm_head_weight, native, transformer
-from searchjax.models.decode_attention import (block_values, decode_attention, kernel_runs, unblock_values,
-                                               value_block)
+from searchjax.models.decode_attention import (WINDOW_BITS, block_values, decode_attention, from_window,
+                                               kernel_runs, to_window, unblock_values, value_block)
 from searchjax.models.kernels import matmul, swiglu, update_slice, update_slice_in_dim
 
 
@@ -51,11 +51,12 @@ def layer_weights(params, config, pack: bool = False) -> list:
 
 def packed_decode(config, batch: int, mesh: Optional[Mesh]) -> bool:
     """Whether a CPU decode launch runs its projections and LM head through the skinny-matmul kernel
-    (`native.skinny_matmul`): on one device (XLA cannot partition the kernel's call), for 2-32 rows
-    (`native.SKINNY_ROWS`: one row is a matrix-vector product XLA:CPU streams at bandwidth already), every
-    output width a multiple of 8, and the kernel built here. At batch 8 it took SmolLM2's 30 layers and head
-    from 80 to 46 ms a step in float32 on a 2-core AMD EPYC (`docs/performance.md`)."""
-    low, high = native.SKINNY_ROWS
+    (`native.skinny_matmul`): on one device (XLA cannot partition the kernel's call), for 2-32 rows, 1-32 with
+    bf16 weights (`native.skinny_rows`: one row of f32 weights is a matrix-vector product XLA:CPU streams at
+    bandwidth already, of bf16 weights not), every output width a multiple of 8, and the kernel built here. At
+    batch 8 it took SmolLM2's 30 layers and head from 80 to 46 ms a step in float32 on a 2-core AMD EPYC
+    (`docs/performance.md`)."""
+    low, high = native.skinny_rows(config.compute_dtype)
     widths = (config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim, config.hidden_size,
               config.intermediate_size, config.vocab_size)
     return (one_device(mesh) and low <= batch <= high
@@ -72,11 +73,12 @@ def packed_lm_head(params, config) -> jax.Array:
     return native.pack_columns(lm_head_weight(params, config).astype(config.compute_dtype))
 
 
-# The dtype of the per-layer decode windows on a CPU. XLA:CPU (jax 0.10.2) runs decode attention's bf16 products
-# (3 query rows per kv head against the window) on one thread at ~5 GB/s of window, its f32 ones at ~14 GB/s: 30
-# layers of it at batch 8 over 4,096 slots took 140-166 ms with bf16 windows and 106 ms with f32 ones holding
-# twice the bytes (2-core AMD EPYC with AVX-512 BF16). The windows are copies made once per decode launch
-# anyway; in f32 they take twice the memory of a bf16 cache's window and hold its values exactly.
+# The dtype of the per-layer decode windows on a CPU where the step's attention runs the jnp form. XLA:CPU (jax
+# 0.10.2) runs decode attention's bf16 products (3 query rows per kv head against the window) on one thread at
+# ~5 GB/s of window, its f32 ones at ~14 GB/s: 30 layers of it at batch 8 over 4,096 slots took 140-166 ms with
+# bf16 windows and 106 ms with f32 ones holding twice the bytes (2-core AMD EPYC with AVX-512 BF16). The windows
+# are copies made once per decode launch anyway; in f32 they hold a bf16 cache's values exactly. The kernel reads
+# the cache's own values instead (`window_layout`).
 CPU_WINDOW_DTYPE = jnp.float32
 
 
@@ -84,12 +86,12 @@ def split_cache(cache: Optional[KVCache], window: int, dtype=None, value_block: 
                 ) -> Optional[KVCache]:
     """The cache's first `window` slots as one heads-major buffer per layer: k = a tuple of L arrays [B, K, D, W]
     (keys slot-minor), v = L arrays [B, K, W, D] (copies, once per decode launch; with `value_block` CB,
-    [B, K, D / CB, W, CB], the CPU kernel's layout: `window_value_block`), in `dtype` (default: the
-    cache's; a wider one holds the cache's values exactly, and `merge_cache` rounds nothing when it writes
-    them back). Per-layer buffers let each step's products read a layer's window in place and write only the
-    new slot into it (a slice of the stacked [L, ...] cache would be a copy per layer and step); heads-major
-    makes those products plain batched matmuls, and slot-minor keys make q k^T a [G, D] x [D, W] product
-    (`decode_attention`, "Layout")."""
+    [B, K, D / CB, W, CB], the CPU kernel's layout: `window_layout`), in `dtype` (default: the cache's; a wider
+    one holds the cache's values exactly, and `merge_cache` rounds nothing when it writes them back;
+    `WINDOW_BITS` holds a bf16 cache's bits: `to_window`). Per-layer buffers let each step's products read a
+    layer's window in place and write only the new slot into it (a slice of the stacked [L, ...] cache would be
+    a copy per layer and step); heads-major makes those products plain batched matmuls, and slot-minor keys make
+    q k^T a [G, D] x [D, W] product (`decode_attention`, "Layout")."""
     if cache is None:
         return None
     count, dtype = cache.k.shape[0], cache.k.dtype if dtype is None else dtype
@@ -98,20 +100,27 @@ def split_cache(cache: Optional[KVCache], window: int, dtype=None, value_block: 
         heads_major = layer.transpose(0, 2, 1, 3)
         return heads_major if value_block is None else block_values(heads_major, value_block)
 
-    return KVCache(k=tuple(cache.k[i, :, :window].transpose(0, 2, 3, 1).astype(dtype) for i in range(count)),
-                   v=tuple(values(cache.v[i, :, :window]).astype(dtype) for i in range(count)),
+    return KVCache(k=tuple(to_window(cache.k[i, :, :window].transpose(0, 2, 3, 1), dtype) for i in range(count)),
+                   v=tuple(to_window(values(cache.v[i, :, :window]), dtype) for i in range(count)),
                    mask=cache.mask[:, :window], index=cache.index)
 
 
-def window_value_block(config, mesh: Optional[Mesh]) -> Optional[int]:
-    """The value layout of a CPU decode launch's windows (`split_cache`): `decode_attention.value_block`'s
-    columns per block when the step's attention runs the kernel (one device, `decode_attention.kernel_runs`),
-    else None ([B, K, W, D], the jnp form's)."""
-    if not (per_layer_decode(mesh) and one_device(mesh)):
-        return None
-    runs = kernel_runs(config.compute_dtype, CPU_WINDOW_DTYPE, config.num_heads, config.num_kv_heads,
-                       config.head_dim)
-    return value_block(config.head_dim) if runs else None
+def window_layout(config, mesh: Optional[Mesh], cache_dtype) -> tuple:
+    """(dtype, value block) of a CPU decode launch's windows (`split_cache`'s dtype and value_block). Where the
+    step's attention runs the kernel (one device, `decode_attention.kernel_runs`): the cache's own values (None;
+    a bf16 cache's as their bits, `WINDOW_BITS`), which the kernel widens to f32 as it loads (bf16 -> f32 is
+    exact), and `decode_attention.value_block`'s columns per block. A bf16 cache's window is then read as half
+    the bytes of an f32 copy, and the step's attention is bound by that read: batch 8 at 2,000 filled slots,
+    bf16, 54.7 -> 38.0-43.0 ms a step on a 2-core AMD EPYC with AVX-512 BF16 (`docs/performance.md`, "bf16
+    windows for the kernel"). Elsewhere (`CPU_WINDOW_DTYPE`, [B, K, W, D]): the jnp form's float32 windows;
+    (None, None) where the step is not per-layer (TPU, GPU, several devices: `per_layer_decode`)."""
+    if not per_layer_decode(mesh):
+        return None, None
+    if one_device(mesh) and kernel_runs(config.compute_dtype, cache_dtype, config.num_heads, config.num_kv_heads,
+                                        config.head_dim):
+        bits = jnp.dtype(cache_dtype) == jnp.bfloat16
+        return (WINDOW_BITS if bits else None), value_block(config.head_dim)
+    return CPU_WINDOW_DTYPE, None
 
 
 # Slots per block when `merge_cache` writes a launch's new slots back (one block covers a short launch).
@@ -137,9 +146,9 @@ def merge_cache(full: Optional[KVCache], part: Optional[KVCache], written_from,
     def write(j, kv):
         at = jnp.minimum(written_from + j * block, window - block)
         # one update of all layers' block, not one per layer: XLA:CPU copied the whole cache for each of those
-        k_new = jnp.stack([jax.lax.dynamic_slice_in_dim(layer, at, block, axis=3).transpose(0, 3, 1, 2)
-                           for layer in part.k])
-        v_new = jnp.stack([_value_slots(layer, at, block) for layer in part.v])
+        k_new = jnp.stack([from_window(jax.lax.dynamic_slice_in_dim(layer, at, block, axis=3), full.k.dtype)
+                           .transpose(0, 3, 1, 2) for layer in part.k])
+        v_new = jnp.stack([from_window(_value_slots(layer, at, block), full.v.dtype) for layer in part.v])
         return update_slice_in_dim(kv[0], k_new, at, axis=2), update_slice_in_dim(kv[1], v_new, at, axis=2)
 
     blocks = (part.index - written_from + block - 1) // block
@@ -181,9 +190,10 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
     if config.qk_norm:
         q, k = norm(attn["q_norm"], q, "head_dim"), norm(attn["k_norm"], k, "head_dim")
     q, k = transformer.apply_rope(q, cos, sin), transformer.apply_rope(k, cos, sin)
-    # as stored in the cache (which holds the compute dtype, `init_cache`'s default), then in the window's dtype
-    k, v = k.astype(dt).astype(k_window.dtype), v.astype(dt).astype(v_window.dtype)
+    # as stored in the cache (which holds the compute dtype, `init_cache`'s default); written in the window's form
+    k, v = k.astype(dt), v.astype(dt)
     out = decode_attention(q[:, 0], k[:, 0], v[:, 0], k_window, v_window, visible, D ** -0.5, native_attention)
+    k, v = to_window(k, k_window.dtype), to_window(v, v_window.dtype)
     # Then write the slot, with values routed through the attention output (a select on `out > +inf`, false
     # for every number, NaN included: the values are k and v). That data dependency is what lets XLA write in
     # place: with none between the window's reads and the write, XLA cannot order them and copies the window

@@ -51,8 +51,8 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from searchjax import sampling, sharding
-from searchjax.cpu_decode import (CPU_WINDOW_DTYPE, decode_forward, layer_weights, merge_cache, one_device,
-                                  packed_decode, packed_lm_head, per_layer_decode, split_cache, window_value_block)
+from searchjax.cpu_decode import (decode_forward, layer_weights, merge_cache, one_device, packed_decode,
+                                  packed_lm_head, per_layer_decode, split_cache, window_layout)
 from searchjax.models import KVCache, init_cache, lm_head_weight, positions_from_mask, transformer
 from searchjax.models.kernels import matmul, update_slice_in_dim
 
@@ -233,8 +233,12 @@ def decode_loop(params, state: SamplerState, budget, segment, first, temperature
     packed = model is not None and per_layer and packed_decode(model.config, batch, mesh)
     weights = layer_weights(params, model.config, pack=packed) if model is not None and per_layer else None
     packed_head = packed_lm_head(params, model.config) if packed else None
-    values = window_value_block(model.config, mesh) if model is not None and per_layer else None
-    cache = split_cache(full_cache, window, CPU_WINDOW_DTYPE, values) if per_layer else window_cache(full_cache, window)
+    if per_layer:
+        layout = (window_layout(model.config, mesh, full_cache.k.dtype)
+                  if model is not None and full_cache is not None else (None, None))
+        cache = split_cache(full_cache, window, *layout)
+    else:
+        cache = window_cache(full_cache, window)
     state = state.replace(cache=cache, step=jnp.zeros((), jnp.int32),
                           turn_start=jnp.where(first, state.lengths, state.turn_start),
                           stop_state=jnp.where(first, 0, state.stop_state))

@@ -10,7 +10,7 @@ case) with the same per-call preparation as `decode_steps.decode_loop`; per-step
 (t(n steps) - t(1 step)) / (n - 1), so that preparation and the dispatch cancel out. Medians of args.iters.
 
   * current: `cpu_decode.decode_forward` (per-layer weights and windows made once per call, the windows in
-    `cpu_decode.CPU_WINDOW_DTYPE` as `decode_loop` makes them, the window read in place, the token merged
+    `cpu_decode.window_layout`'s dtype as `decode_loop` makes them, the window read in place, the token merged
     by log-sum-exp, one slot written per layer), with the CPU kernels where `decode_loop` uses them
     (`searchjax.models.native`: attention always, the skinny matmul from 2 rows; `SEARCHJAX_NATIVE=0` runs
     the jnp forms instead).
@@ -65,8 +65,8 @@ def _greedy_steps(params, cache, token, steps, *, model, window, former):
         packed = cpu_decode.packed_decode(config, token.shape[0], None)  # as decode_loop chooses
         weights = cpu_decode.layer_weights(params, config, pack=packed)
         head = cpu_decode.packed_lm_head(params, config) if packed else None
-        part = cpu_decode.split_cache(cache, window, cpu_decode.CPU_WINDOW_DTYPE,
-                                      cpu_decode.window_value_block(config, None))  # as decode_loop makes it
+        layout = cpu_decode.window_layout(config, None, cache.k.dtype)  # as decode_loop makes it
+        part = cpu_decode.split_cache(cache, window, *layout)
 
         def forward(token, position, part):
             return cpu_decode.decode_forward(params, weights, model, token, position, running, part,

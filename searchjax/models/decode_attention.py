@@ -78,12 +78,37 @@ def unblock_values(v: jax.Array) -> jax.Array:
     return v.transpose(0, 1, 3, 2, 4).reshape(B, K, W, blocks * block)
 
 
+# A window may hold a bf16 cache's values as their bits (`cpu_decode.window_layout` makes them so for the kernel,
+# which reads them as the bf16 they are). XLA:CPU writes a 16-bit float slot through a bit cast to uint16
+# (`kernels.update_slice`), and inside the decode loop the casts around each write copied the whole window (30
+# layers' bf16 windows at batch 8 x 2,048 slots, one slot written per step: 5.6 ms a step against 0.2 with uint16
+# windows in the loop's carry).
+WINDOW_BITS = jnp.uint16
+
+
+def to_window(x: jax.Array, window_dtype) -> jax.Array:
+    """Keys/values in the cache's dtype -> a window's storage: `WINDOW_BITS` holds bf16 bits, any other dtype
+    the values converted (a wider float holds them exactly)."""
+    if jnp.dtype(window_dtype) == WINDOW_BITS:
+        return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), WINDOW_BITS)
+    return x.astype(window_dtype)
+
+
+def from_window(x: jax.Array, dtype) -> jax.Array:
+    """`to_window`'s inverse: a window's storage -> values in `dtype`."""
+    if x.dtype == WINDOW_BITS:
+        x = jax.lax.bitcast_convert_type(x, jnp.bfloat16)
+    return x.astype(dtype)
+
+
 def kernel_runs(dtype, window_dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    """Whether `decode_attention(..., native=True)` runs the CPU kernel for these: a compute and window dtype of
-    f32 or bf16, head_dim a multiple of 8, at most 8 query heads per kv head, and the kernel built here (the
-    window's slots must be a multiple of 8 too: decode windows are multiples of 16)."""
+    """Whether `decode_attention(..., native=True)` runs the CPU kernel for these: a compute dtype of f32 or bf16,
+    a window of f32, bf16 or bf16 bits (`WINDOW_BITS`), head_dim a multiple of 8, at most 8 query heads per kv
+    head, and the kernel built here (the window's slots must be a multiple of 8 too: decode windows are multiples
+    of 16)."""
     kernel_dtypes = (jnp.float32, jnp.bfloat16)
-    return bool(jnp.dtype(dtype) in kernel_dtypes and jnp.dtype(window_dtype) in kernel_dtypes and head_dim % 8 == 0
+    return bool(jnp.dtype(dtype) in kernel_dtypes and jnp.dtype(window_dtype) in (*kernel_dtypes, WINDOW_BITS)
+                and head_dim % 8 == 0
                 and num_heads // num_kv_heads <= 8 and native_kernels.decode_attention_target())
 
 
@@ -93,10 +118,11 @@ def decode_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_window:
 
     q [B, N, D]; k_new, v_new [B, K, D] (the token's own key/value, always visible); k_window [B, K, D, W] and
     v_window [B, K, W, D] heads-major, or [B, K, D / CB, W, CB] (`block_values`, the kernel's layout), read
-    only, in q's dtype or a wider one holding q's dtype's values; visible [B, W] bool (window slot s is attended
-    iff visible[b, s]). native: run the CPU kernel where it is built and takes the shapes (`kernel_runs`); the
-    caller says the step runs on one CPU device. A window in the other form's layout is converted (a copy:
-    `cpu_decode.split_cache` makes the layout the step's form reads). Returns [B, N, D] in q's dtype.
+    only, in q's dtype or a wider one holding q's dtype's values, or bf16 bits (`WINDOW_BITS`); visible [B, W]
+    bool (window slot s is attended iff visible[b, s]). native: run the CPU kernel where it is built and takes
+    the shapes (`kernel_runs`); the caller says the step runs on one CPU device. A window in the other form's
+    layout is converted (a copy: `cpu_decode.split_cache` makes the layout the step's form reads). Returns
+    [B, N, D] in q's dtype.
     """
     B, N, D = q.shape
     K, W = k_window.shape[1], k_window.shape[3]  # [B, K, D, W]
@@ -112,6 +138,8 @@ def decode_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_window:
         return out.astype(dt).reshape(B, N, D)
     if v_window.ndim == 5:
         v_window = unblock_values(v_window)
+    if k_window.dtype == WINDOW_BITS:
+        k_window, v_window = from_window(k_window, jnp.bfloat16), from_window(v_window, jnp.bfloat16)
     # The window's products run in the wider of the two dtypes: a float32 window of a bfloat16 model holds
     # bfloat16 values exactly (`cpu_decode.split_cache`), so q and the probabilities, rounded to dt first,
     # give the products of the compute dtype with float32 accumulation, as the bfloat16 window does.

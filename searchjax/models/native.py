@@ -46,10 +46,18 @@ SOURCE_DIR = pathlib.Path(__file__).parent / "native"
 DECODE_ATTENTION_TARGET = "searchjax_decode_attention"
 SKINNY_MATMUL_TARGET = "searchjax_skinny_matmul"
 BLOCK_ATTENTION_TARGET = "searchjax_block_attention"
-# The rows a skinny matmul takes: one row is a matrix-vector product XLA:CPU already streams at bandwidth, and
-# from a few dozen rows on its GEMM is efficient.
-SKINNY_ROWS = (2, 32)
 CXX_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+# The rows a skinny matmul takes (`skinny_rows`): from a few dozen rows on XLA's GEMM is efficient. One row of
+# a float32 weight is a matrix-vector product XLA:CPU already streams at bandwidth; one row of a bfloat16 weight
+# it reads at half the kernel's speed (SmolLM2's 30 layers and LM head at one row, 2-core AMD EPYC with AVX-512
+# BF16, alternated: bf16 20.4-25.8 ms by XLA against 10.6-13.3 by the kernel; f32 16.5-20.7 against 18.2-21.5).
+SKINNY_ROWS = (2, 32)
+SKINNY_ROWS_16BIT = (1, 32)
+
+
+def skinny_rows(dtype) -> tuple:
+    """(fewest, most) rows the skinny matmul takes for weights of `dtype` (above)."""
+    return SKINNY_ROWS_16BIT if jnp.dtype(dtype).itemsize == 2 else SKINNY_ROWS
 
 
 def enabled() -> bool:

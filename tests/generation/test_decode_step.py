@@ -14,7 +14,7 @@ import pytest
 
 from searchjax import cpu_decode, decode_steps, sampling
 from searchjax.models import KVCache, init_cache, native, transformer
-from searchjax.models.decode_attention import block_values, unblock_values
+from searchjax.models.decode_attention import block_values, from_window, to_window, unblock_values, value_block
 
 # every architecture switch: GQA with q/k norms (Qwen3), q/k/v biases (Qwen2), tied embeddings (Llama), MHA
 CONFIGS = {
@@ -72,10 +72,11 @@ def _case(name, dtype):
     return model, params, cache, lengths, reference, ref_cache
 
 
-# the CPU's step as decode_loop runs it for a few rows (windows in CPU_WINDOW_DTYPE, the native kernels for
-# attention and, with packed weights, the products), the same with windows in the cache's dtype, the same without
-# the kernels (the jnp forms), and the accelerators' (per_layer_decode)
-@pytest.mark.parametrize("form", ["per_layer", "per_layer_cache_dtype_windows", "per_layer_jnp", "stacked"])
+# the CPU's step as decode_loop runs it for a few rows (windows as `window_layout` makes them: the cache's values,
+# a bf16 cache's as their bits, for the native kernels for attention and, with packed weights, the products),
+# the same with float32 windows, the same without the kernels (the jnp forms, on float32 windows as decode_loop
+# gives them), and the accelerators' (per_layer_decode)
+@pytest.mark.parametrize("form", ["per_layer", "per_layer_f32_windows", "per_layer_jnp", "stacked"])
 @pytest.mark.parametrize("dtype, tolerance", [("float32", 2e-5), ("bfloat16", 0.05)])
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form):
@@ -84,10 +85,14 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
     forms round the same quantities at different points, e.g. the merged softmax's sum before the cast)."""
     model, params, cache, lengths, reference, ref_cache = _case(name, dtype)
     token, running = TOKEN, RUNNING
-    window_dtype = None if form == "per_layer_cache_dtype_windows" else cpu_decode.CPU_WINDOW_DTYPE
     kernels = form != "per_layer_jnp"
-    if kernels and form != "stacked":  # the kernels are what runs here, not a fallback
-        assert cpu_decode.packed_decode(model.config, len(TOKEN), None)
+    window_dtype, values = cpu_decode.window_layout(model.config, None, cache.k.dtype)
+    if form == "per_layer":  # the kernels are what runs here, not a fallback, on the bf16 cache's bits
+        assert cpu_decode.packed_decode(model.config, len(TOKEN), None) and values is not None
+        assert window_dtype == (cpu_decode.WINDOW_BITS if dtype == "bfloat16" else None)
+    elif form != "stacked":
+        window_dtype = cpu_decode.CPU_WINDOW_DTYPE
+        values = values if kernels else None  # the kernel's layout, or the jnp form's
 
     @jax.jit
     def step(params, cache):
@@ -98,7 +103,6 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
         config = model.config
         weights = cpu_decode.layer_weights(params, config, pack=kernels)
         head = cpu_decode.packed_lm_head(params, config) if kernels else None
-        values = cpu_decode.window_value_block(config, None) if kernels else None  # the kernel's layout
         logits, part = cpu_decode.decode_forward(params, weights, model, token, lengths, running,
                                                  cpu_decode.split_cache(cache, W, window_dtype, values),
                                                  native_attention=kernels, packed_head=head)
@@ -127,7 +131,8 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
     (10, 10, 4),   # a launch that ran no step writes nothing
     (5, 27, 64),   # block wider than the window: one block of the whole window
 ])
-@pytest.mark.parametrize("window_dtype, value_block", [(jnp.float32, None), (None, None), (jnp.float32, 2)])
+@pytest.mark.parametrize("window_dtype, value_block", [(jnp.float32, None), (None, None), (jnp.float32, 2),
+                                                       (cpu_decode.WINDOW_BITS, 2)])
 def test_merge_cache_writes_back_the_written_slots_only(written_from, written_to, block, window_dtype, value_block):
     """merge_cache(full, split_cache(full) with slots [written_from, written_to) changed, written_from) equals
     the stacked cache with exactly those slots (and the window's mask) replaced, bitwise, for blocks that
@@ -140,17 +145,18 @@ def test_merge_cache_writes_back_the_written_slots_only(written_from, written_to
     part = cpu_decode.split_cache(full, W, window_dtype, value_block)
     if value_block:  # the kernel's value layout, [B, K, D / CB, W, CB]
         assert part.v[0].shape == (B, K, D // value_block, W, value_block)
-        np.testing.assert_array_equal(np.asarray(unblock_values(part.v[1])),
+        np.testing.assert_array_equal(np.asarray(from_window(unblock_values(part.v[1]), jnp.float32)),
                                       np.asarray(full.v[1, :, :W].transpose(0, 2, 1, 3), np.float32))
         part = part.replace(v=tuple(unblock_values(layer) for layer in part.v))
     new_k = rng.normal(size=(L, B, W, K, D)).astype(np.float32)  # what the steps wrote, layer by layer
     new_v = rng.normal(size=(L, B, W, K, D)).astype(np.float32)
     new_mask = rng.random((B, W)) < 0.5
     slots = slice(written_from, written_to)
+    stored = lambda x, dtype: to_window(jnp.asarray(x, jnp.bfloat16), dtype)  # noqa: E731  a bf16 cache's values
     part = KVCache(
-        k=tuple(layer.at[:, :, :, slots].set(jnp.asarray(new_k[i, :, slots].transpose(0, 2, 3, 1), layer.dtype))
+        k=tuple(layer.at[:, :, :, slots].set(stored(new_k[i, :, slots].transpose(0, 2, 3, 1), layer.dtype))
                 for i, layer in enumerate(part.k)),
-        v=tuple(layer.at[:, :, slots].set(jnp.asarray(new_v[i, :, slots].transpose(0, 2, 1, 3), layer.dtype))
+        v=tuple(layer.at[:, :, slots].set(stored(new_v[i, :, slots].transpose(0, 2, 1, 3), layer.dtype))
                 for i, layer in enumerate(part.v)),
         mask=jnp.asarray(new_mask), index=jnp.int32(written_to))
     if value_block:
@@ -182,7 +188,9 @@ def test_decode_loop_body_copies_no_window_and_no_weight(dtype):
     copy, slice or dynamic-slice of them. Fails on the former step, which sliced layer caches and weights out
     of the stacked arrays inside its layer scan. At 2 rows the step runs the CPU kernels (`native`): each
     layer's attention is one call, fed the windows in place, and its 7 products and the LM head are calls of the
-    skinny matmul on weights packed once per launch, which are not copied either."""
+    skinny matmul on weights packed once per launch, which are not copied either. A bf16 model's windows hold
+    the cache's bits (`cpu_decode.window_layout`): as bf16 windows, the bit casts around each slot write copied
+    them (this test then fails)."""
     model, params = _model("llama_tied", dtype)  # float32 weights: with bfloat16 compute, no per-step casts either
     config = model.config
     batch = 2
@@ -195,8 +203,8 @@ def test_decode_loop_body_copies_no_window_and_no_weight(dtype):
         np.int32(-1), model=model, logits_fn=None, mode=sampling.sampling_mode(0.0, 1.0, 0), eos_token_ids=(),
         window=W, mesh=None, rules=None).compile().as_text()
     body = _computation(hlo, re.search(r"body=%([\w.\-]+)", hlo).group(1))
-    shapes = {(batch, config.num_kv_heads, W, config.head_dim),  # a layer's windows, heads-major
-              (batch, config.num_kv_heads, config.head_dim, W)}
+    K, D, block = config.num_kv_heads, config.head_dim, value_block(config.head_dim)
+    shapes = {(batch, K, W, D), (batch, K, D, W), (batch, K, D // block, W, block)}  # a layer's windows
     shapes |= {tuple(w.shape[1:]) for w in jax.tree.leaves(params["layers"]) if w.ndim > 2}
     shapes |= {tuple(params["embed"]["embedding"].shape)}
     packed = jax.eval_shape(lambda p: (cpu_decode.layer_weights(p, config, pack=True),
@@ -204,12 +212,14 @@ def test_decode_loop_body_copies_no_window_and_no_weight(dtype):
     shapes |= {tuple(w.shape) for w in jax.tree.leaves(packed) if w.ndim == 3}
     offenders = []
     for line in body.splitlines():
-        match = re.match(r"\s*(ROOT )?%(\S+) = (?:f32|bf16)\[([\d,]*)\]\{[^}]*\} (\S+)\(", line)
+        match = re.match(r"\s*(ROOT )?%(\S+) = (?:f32|bf16|u16)\[([\d,]*)\]\{[^}]*\} (\S+)\(", line)
         if not match:
             continue
         name, dims, op = match.group(2), tuple(int(d) for d in match.group(3).split(",") if d), match.group(4)
+        # an in-place write is a fusion named for its dynamic-update-slice; one that also converts (a bit cast
+        # around a bf16 write) computes the whole window anew
         if dims in shapes and op not in ("get-tuple-element", "parameter", "bitcast") and not (
-                op == "fusion" and "dynamic-update-slice" in name):
+                op == "fusion" and "dynamic-update-slice" in name and "convert" not in name):
             offenders.append(line.strip()[:160])
     assert not offenders, "\n".join(offenders)
     assert body.count("dynamic-update-slice") >= 2 * config.num_layers  # the slot writes are there (in place)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from searchjax.models import native
-from searchjax.models.decode_attention import block_values, decode_attention, unblock_values
+from searchjax.models.decode_attention import (WINDOW_BITS, block_values, decode_attention, from_window, to_window,
+                                               unblock_values)
 
 B = 3
 
@@ -91,6 +92,23 @@ def test_bfloat16_attention_of_the_kernel_equals_the_jnp_form(window_dtype):
         assert np.all(np.abs(got[flag] - want) <= step), flag
     assert np.mean(got[True] != got[False]) < 0.05
     np.testing.assert_allclose(got[True], got[False], rtol=2 ** -7, atol=1e-6)
+
+
+def test_a_window_of_bf16_bits_is_the_bf16_window():
+    """`WINDOW_BITS` windows (a bf16 cache's bits as uint16, what `cpu_decode.window_layout` gives the kernel)
+    round-trip the bf16 values bitwise (`to_window` / `from_window`) and give both forms the results of the bf16
+    window bitwise; the bits are not read as integers (the kernel would see values near 1e4, not the keys)."""
+    inputs, visible = _inputs(7, 2, 3, 64, 128, 100)
+    args = {name: jnp.asarray(value, jnp.bfloat16) for name, value in inputs.items()}
+    bits = dict(args, **{name: to_window(args[name], WINDOW_BITS) for name in ("k_window", "v_window")})
+    assert bits["k_window"].dtype == WINDOW_BITS
+    np.testing.assert_array_equal(np.asarray(from_window(bits["v_window"], jnp.bfloat16), np.float32),
+                                  np.asarray(args["v_window"], np.float32))
+    for flag in (False, True):
+        want, got = (np.asarray(decode_attention(**a, visible=jnp.asarray(visible), scale=0.125, native=flag),
+                                np.float32) for a in (args, bits))
+        np.testing.assert_array_equal(got, want)
+        assert np.abs(want).max() < 20  # the values' attention, not the bit patterns'
 
 
 def test_the_blocked_value_layout_gives_the_same_attention_in_both_forms():

@@ -23,7 +23,7 @@ def test_pack_columns_puts_each_block_of_columns_in_one_contiguous_stretch():
 
 # (rows, K, N): a decode step's batches (2-32 rows; 4-row tiles and the 1-3 rows left over) against blocks of
 # 24, 16 and 8 columns; K = 43 and 5 leave k steps after the kernel's 8 stretches of K // 8 (all of them at 5)
-SHAPES = [(2, 64, 48), (3, 43, 32), (5, 24, 40), (4, 5, 16), (8, 576, 192), (32, 96, 1536)]
+SHAPES = [(1, 40, 24), (2, 64, 48), (3, 43, 32), (5, 24, 40), (4, 5, 16), (8, 576, 192), (32, 96, 1536)]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

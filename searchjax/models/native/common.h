@@ -10,6 +10,10 @@
 #include <memory>
 #include <mutex>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include "xla/ffi/api/ffi.h"
 
 namespace searchjax_native {
@@ -24,8 +28,16 @@ typedef uint16_t v8h __attribute__((vector_size(16)));
 inline v8f splat(float x) { return v8f{x, x, x, x, x, x, x, x}; }
 inline v8f load8(const float* p) { v8f v; std::memcpy(&v, p, sizeof v); return v; }
 inline v8f load8(const uint16_t* p) {  // bf16 -> f32 is exact: the bf16 bits are the top half of the f32
+#if defined(__AVX2__)
+  // one widening load (vpmovzxwd ymm, m128) and a shift: the generic form below compiled to two 4-lane halves
+  // with a shuffle, which made a bf16 window's decode attention bound by the widening, not by the memory
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+  return reinterpret_cast<v8f>(u);
+#else
   v8h h; std::memcpy(&h, p, sizeof h);
   const v8u u = __builtin_convertvector(h, v8u) << 16; v8f f; std::memcpy(&f, &u, sizeof f); return f;
+#endif
 }
 inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
 inline v8i splat_i(int32_t x) { return v8i{x, x, x, x, x, x, x, x}; }

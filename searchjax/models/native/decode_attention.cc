@@ -14,9 +14,9 @@
 //          (decode_attention.py's `block_values`): two blocks per pass, G x 4 vector accumulators.
 // Only the slots from the first visible one to the last are read (`attend`).
 // Operands: q [B, K, G, D] f32 (already rounded to the compute dtype), k_new / v_new [B, K, D] f32,
-// k_window [B, K, D, W] and v_window [B, K, D / CB, W, CB] in f32 or bf16, visible [B, W] bool; attributes scale
-// (f32) and round_p (bool: round the normalised probabilities to bf16 before the products, as the
-// bf16 model does). Result [B, K, G, D] f32. D and W must be multiples of 8 and G at most 8
+// k_window [B, K, D, W] and v_window [B, K, D / CB, W, CB] in f32, bf16 or bf16 bits (uint16), visible [B, W]
+// bool; attributes scale (f32) and round_p (bool: round the normalised probabilities to bf16 before the
+// products, as the bf16 model does). Result [B, K, G, D] f32. D and W must be multiples of 8 and G at most 8
 // (decode_attention.py checks, else the jnp form runs).
 #include <vector>
 
@@ -151,7 +151,8 @@ ffi::Error run(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_new, ffi
                ffi::Result<ffi::AnyBuffer> out) {
   const auto dims = k_window.dimensions();  // [B, K, D, W]
   const int64_t B = dims[0], K = dims[1], D = dims[2], W = dims[3], CB = v_window.dimensions()[4];
-  const bool bf16 = k_window.element_type() == ffi::DataType::BF16;
+  // bf16 windows, or their bits as uint16 (searchjax/models/decode_attention.py's WINDOW_BITS)
+  const bool bf16 = k_window.element_type() == ffi::DataType::BF16 || k_window.element_type() == ffi::DataType::U16;
   const int64_t item = bf16 ? 2 : 4;
   const auto* qp = static_cast<const float*>(q.untyped_data());
   const auto* knp = static_cast<const float*>(k_new.untyped_data());
