@@ -4,8 +4,8 @@ unrolled over them, and the hand-written kernels where they run (`searchjax.mode
 `decode_steps.decode_loop` runs this step on a CPU target (`per_layer_decode`) and the stacked one
 (`decode_steps.decode_forward_stacked`) on accelerators; `decode_steps`' docstring says why and what a step
 costs. Here: `layer_weights` (per-layer weights in the compute dtype, packed for the skinny-matmul kernel at 2-32
-rows: `packed_decode`), `split_cache` / `merge_cache` (the window out of the stacked cache and the launch's new
-slots back into it), and `decode_forward` (one token per row through the layers).
+rows, 1-32 in bf16: `packed_decode`), `split_cache` / `merge_cache` (the window out of the stacked cache and the
+launch's new slots back into it), and `decode_forward` (one token per row through the layers).
 """
 
 from __future__ import annotations

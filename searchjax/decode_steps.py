@@ -36,8 +36,8 @@ window.) The window W rather than all S slots bounds the reads, and sampling doe
 (`searchjax.sampling`), so a step's time grows with the text so far (`searchjax.bench.decode_window` measures
 how much), not with max_cache_len. The per-call copies cost one more set of layer weights and one window of
 memory while decoding (the window copy was made before too). On one CPU device the step's attention and, at
-2-32 rows, its products and LM head run as hand-written kernels (`searchjax.models.native`, `packed_decode`):
-XLA:CPU's code for those shapes read the window and the weights at a third of the host's bandwidth.
+2-32 rows (1-32 in bf16), its products and LM head run as hand-written kernels (`searchjax.models.native`,
+`packed_decode`): XLA:CPU's code for those shapes read the window and the weights at a third of the host's bandwidth.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ case) with the same per-call preparation as `decode_steps.decode_loop`; per-step
   * current: `cpu_decode.decode_forward` (per-layer weights and windows made once per call, the windows in
     `cpu_decode.window_layout`'s dtype as `decode_loop` makes them, the window read in place, the token merged
     by log-sum-exp, one slot written per layer), with the CPU kernels where `decode_loop` uses them
-    (`searchjax.models.native`: attention always, the skinny matmul from 2 rows; `SEARCHJAX_NATIVE=0` runs
-    the jnp forms instead).
+    (`searchjax.models.native`: attention always, the skinny matmul from 2 rows, from 1 in bf16;
+    `SEARCHJAX_NATIVE=0` runs the jnp forms instead).
   * former: the step before it, which is still the accelerators' step, `decode_steps.decode_forward_stacked`
     (a scan over layers slicing each layer's cache and weights out of the stacked arrays, attention writing the
     token into the layer cache; `cpu_decode.per_layer_decode` says which target runs which).

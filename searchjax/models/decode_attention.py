@@ -108,8 +108,7 @@ def kernel_runs(dtype, window_dtype, num_heads: int, num_kv_heads: int, head_dim
     of 16)."""
     kernel_dtypes = (jnp.float32, jnp.bfloat16)
     return bool(jnp.dtype(dtype) in kernel_dtypes and jnp.dtype(window_dtype) in (*kernel_dtypes, WINDOW_BITS)
-                and head_dim % 8 == 0
-                and num_heads // num_kv_heads <= 8 and native_kernels.decode_attention_target())
+                and head_dim % 8 == 0 and num_heads // num_kv_heads <= 8 and native_kernels.decode_attention_target())
 
 
 def decode_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_window: jax.Array,

@@ -3,7 +3,7 @@ through XLA's FFI.
 
 * decode attention (`native/decode_attention.cc`; `decode_attention.decode_attention` says when it runs);
 * skinny matmul (`native/skinny_matmul.cc`): a few rows against a weight packed in column blocks
-  (`pack_columns`), the decode step's projections and LM head at batch 2-32 (`cpu_decode.layer_weights`);
+  (`pack_columns`), the decode step's projections and LM head at batch 2-32, 1-32 in bf16 (`cpu_decode.layer_weights`);
 * block attention (`native/block_attention.cc`): a prompt or an appended block attending over the cache's
   window with an online softmax (`block_attention`; prefill and append use it on one CPU device through
   `decode_steps.block_model`).
