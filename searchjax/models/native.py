@@ -99,11 +99,17 @@ def _build(source: pathlib.Path) -> pathlib.Path:
 
 
 @functools.cache
+def _library(source: str) -> ctypes.CDLL:
+    """The loaded build of `source` (built first where needed; raises as `_build` does)."""
+    return ctypes.cdll.LoadLibrary(str(_build(SOURCE_DIR / source)))
+
+
+@functools.cache
 def _target(name: str, source: str, symbol: str) -> Optional[str]:
     """Build `source`, register its handler `symbol` as the CPU FFI target `name`; None (warned once) when it
     cannot be built here."""
     try:
-        library = ctypes.cdll.LoadLibrary(str(_build(SOURCE_DIR / source)))
+        library = _library(source)
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
     except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as error:
         logging.warning("searchjax: native kernel %s unavailable, using the jnp form: %s", name,
@@ -131,22 +137,27 @@ def block_attention_target() -> Optional[str]:
 
 
 def block_attention_fits(q: jax.Array, k: jax.Array, v: jax.Array) -> bool:
-    """Whether `block_attention` takes these operands: float32 throughout (a bf16 model rounds its
-    probabilities to bf16 before P V, which an online softmax cannot do exactly), T a multiple of 8, D and S of
-    4, and the kernel built here."""
-    f32 = jnp.float32
-    return (q.dtype == f32 and k.dtype == f32 and v.dtype == f32 and q.shape[1] % 8 == 0 and q.shape[3] % 4 == 0
-            and k.shape[1] % 4 == 0 and block_attention_target() is not None)
+    """Whether `block_attention` takes these operands: q, k and v all float32 or all bfloat16, T a multiple of
+    8, D and S of 4, and the kernel built here."""
+    dtypes = {q.dtype, k.dtype, v.dtype}
+    return (len(dtypes) == 1 and dtypes <= {jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)} and q.shape[1] % 8 == 0
+            and q.shape[3] % 4 == 0 and k.shape[1] % 4 == 0 and block_attention_target() is not None)
 
 
-def block_attention(q: jax.Array, k: jax.Array, v: jax.Array, seen: jax.Array, first, scale: float) -> jax.Array:
+def block_attention(q: jax.Array, k: jax.Array, v: jax.Array, seen: jax.Array, first, scale: float,
+                    dot_bf16: bool = True) -> jax.Array:
     """Attention of a block of T tokens written into a cache at slots first .. first + T - 1: q [B, T, N, D]
     against the window k, v [B, S, K, D] (the block already in it), where query t sees slot s iff (s < first + t
     and seen[b, s]) or s == first + t (`transformer.attention_mask`'s rule; seen [B, S] the slots' mask).
-    `kernels.grouped_attention`'s result in float32 without its [B, N, T, S] logits (native/block_attention.cc).
-    Needs `block_attention_fits`."""
+    `kernels.grouped_attention`'s result, in q's dtype, without its [B, N, T, S] logits
+    (native/block_attention.cc). Both products accumulate in float32; in bfloat16 the probabilities are rounded
+    to bf16 before P V, as the jnp form does, but before their final normalisation (an online softmax has no
+    other; FlashAttention-2's bf16 P): each weight within bf16's relative rounding of the jnp form's.
+    A bf16 cache runs both products as bf16 dot products (vdpbf16ps) where the build has AVX-512 BF16;
+    dot_bf16=False runs the f32-FMA form there too (the tests compare the two). Needs `block_attention_fits`."""
     return jax.ffi.ffi_call(BLOCK_ATTENTION_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))(
-        q, k, v, seen, jnp.asarray(first, jnp.int32), scale=np.float32(scale))
+        q.astype(jnp.float32), k, v, seen, jnp.asarray(first, jnp.int32), scale=np.float32(scale),
+        round_p=bool(q.dtype == jnp.bfloat16), dot_bf16=bool(dot_bf16)).astype(q.dtype)
 
 
 def column_block(columns: int) -> Optional[int]:
@@ -156,18 +167,37 @@ def column_block(columns: int) -> Optional[int]:
     return next((block for block in (24, 16, 8) if columns % block == 0), None)
 
 
+def bf16_pairs() -> bool:
+    """Whether the skinny-matmul build multiplies bf16 weights in row pairs by bf16 dot products (vdpbf16ps: a
+    CPU with AVX-512 BF16). Where it does, `pack_columns` pairs a bf16 weight's rows and `skinny_matmul` hands
+    the kernel x in bf16."""
+    return skinny_matmul_target() is not None and bool(_library("skinny_matmul.cc").SearchjaxSkinnyMatmulPairs())
+
+
+def _paired(dtype, rows: int) -> bool:
+    """Whether a packed weight of `dtype` with `rows` rows (K) is in row pairs (`pack_columns`)."""
+    return jnp.dtype(dtype) == jnp.bfloat16 and rows % 2 == 0 and bf16_pairs()
+
+
 def pack_columns(w: jax.Array) -> jax.Array:
     """w [K, N] -> [N / NB, K, NB] (NB = `column_block(N)`): each block of NB output columns contiguous, so
-    the kernel streams it once. A copy: made once per decode launch, with the per-layer weights."""
+    the kernel streams it once. A bf16 weight with even K on a build with bf16 dot products (`bf16_pairs`) has
+    each block in row pairs, [K / 2, NB, 2] in the same shape: w[2k, n] and w[2k + 1, n] adjacent, what one
+    vdpbf16ps lane multiplies by x[2k] and x[2k + 1]. A copy: made once per decode launch, with the per-layer
+    weights."""
     K, N = w.shape
     block = column_block(N)
+    if _paired(w.dtype, K):
+        return w.reshape(K // 2, 2, N // block, block).transpose(2, 0, 3, 1).reshape(N // block, K, block)
     return w.reshape(K, N // block, block).transpose(1, 0, 2)
 
 
 def skinny_matmul(x: jax.Array, packed: jax.Array, out_dtype=None) -> jax.Array:
     """x [M, K] times the packed weight ([N / NB, K, NB], `pack_columns`) -> [M, N], accumulated in f32 and
-    returned in out_dtype (default x's): `kernels.matmul`'s contract. Needs `skinny_matmul_target()`."""
+    returned in out_dtype (default x's): `kernels.matmul`'s contract. Weights in row pairs take x in bf16 (the
+    compute dtype they were cast to, `cpu_decode.layer_weights`), others in f32. Needs `skinny_matmul_target()`."""
     blocks, K, block = packed.shape
+    operand = x.astype(jnp.bfloat16 if _paired(packed.dtype, K) else jnp.float32)
     y = jax.ffi.ffi_call(SKINNY_MATMUL_TARGET, jax.ShapeDtypeStruct((x.shape[0], blocks * block), jnp.float32))(
-        x.astype(jnp.float32), packed)
+        operand, packed)
     return y.astype(x.dtype if out_dtype is None else out_dtype)

@@ -66,7 +66,8 @@ class ModelConfig:
     # None: `grouped_attention` (einsums in a heads-major layout, what XLA compiles best on CPU and TPU);
     # "xla" or "cudnn" (GPU only; bfloat16/float16 compute): jax.nn.dot_product_attention with that implementation;
     # "native" (one CPU device): a block written into a cache attends through the CPU kernel
-    # `native.block_attention` where it fits (float32), else as None does (`decode_steps.block_model` sets it).
+    # `native.block_attention` where it fits (float32 or bfloat16), else as None does (`decode_steps.block_model`
+    # sets it).
     attention_impl: Optional[str] = None
     bos_token_id: Optional[int] = None
     eos_token_ids: tuple = ()

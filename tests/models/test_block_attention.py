@@ -1,7 +1,8 @@
 """The block-attention kernel (`native.block_attention`, prefill's and append's attention on one CPU device):
 against a float64 numpy softmax written from the masking rule, and against `kernels.grouped_attention` with
-`transformer.attention_mask`'s mask; the switch (`decode_steps.block_model`) and its use by append, whose result
-must equal the jnp form's. Greedy parity of whole generations (which now run it) is tests/generation's."""
+`transformer.attention_mask`'s mask, in float32 and in bfloat16 (both the bf16 dot-product form, where the host
+has AVX-512 BF16, and the f32-FMA form); the switch (`decode_steps.block_model`) and its use by append, whose
+result must equal the jnp form's. Greedy parity of whole generations (which now run it) is tests/generation's."""
 
 import os
 
@@ -32,10 +33,11 @@ def _inputs(B, T, N, K, D, S, first, seed):
 
 def _reference(q, k, v, seen, first, scale):
     """softmax over the visible slots in float64: query t sees slot s iff (s < first + t and seen[s]) or
-    s == first + t; query head n reads kv head n // G."""
+    s == first + t; query head n reads kv head n // G. Returns (out, sum_s p_s |v_s| / sum_s p_s): the second
+    bounds what rounding the probabilities by a relative u moves the output by (u times it)."""
     B, T, N, D = q.shape
     S, K = k.shape[1], k.shape[2]
-    out = np.zeros(q.shape)
+    out, spread = np.zeros(q.shape), np.zeros(q.shape)
     for b in range(B):
         for t in range(T):
             slots = np.arange(S)
@@ -45,7 +47,8 @@ def _reference(q, k, v, seen, first, scale):
                 logits = scale * k[b, :, h].astype(np.float64) @ q[b, t, n].astype(np.float64)
                 p = np.where(visible, np.exp(logits - logits[visible].max()), 0.0)
                 out[b, t, n] = p @ v[b, :, h] / p.sum()
-    return out
+                spread[b, t, n] = p @ np.abs(v[b, :, h]) / p.sum()
+    return out, spread
 
 
 @pytest.mark.parametrize("B, T, N, K, D, S, first", SHAPES)
@@ -54,7 +57,7 @@ def test_block_attention_equals_the_float64_softmax_and_grouped_attention(B, T, 
     assert native.block_attention_fits(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v))  # built here: CI runs it
     scale = D ** -0.5
     got = np.asarray(jax.jit(native.block_attention, static_argnums=5)(q, k, v, seen, first, scale))
-    np.testing.assert_allclose(got, _reference(q, k, v, seen, first, scale), rtol=0, atol=2e-5)
+    np.testing.assert_allclose(got, _reference(q, k, v, seen, first, scale)[0], rtol=0, atol=2e-5)
     mask = transformer.attention_mask(jnp.asarray(tokens), jnp.asarray(seen), first)
     jnp_form = kernels.grouped_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), mask, scale)
     np.testing.assert_allclose(got, np.asarray(jnp_form), rtol=0, atol=2e-5)
@@ -62,11 +65,39 @@ def test_block_attention_equals_the_float64_softmax_and_grouped_attention(B, T, 
     np.testing.assert_array_equal(np.asarray(mask[:, 0, -1, :first + T - 1]), seen[:, :first + T - 1])
 
 
-def test_block_attention_fits_float32_blocks_only():
+@pytest.mark.parametrize("dot_bf16", [True, False])
+@pytest.mark.parametrize("B, T, N, K, D, S, first", SHAPES)
+def test_bf16_block_attention_is_within_bf16_rounding_of_the_float64_softmax(B, T, N, K, D, S, first, dot_bf16):
+    """A bf16 model's operands (q, k, v bf16 values): the kernel rounds the probabilities to bf16 before P V
+    (relative error <= u = 2^-8) and returns bf16 (<= u |out|), both products otherwise exact or f32, so
+    |got - exact| <= u (sum p |v| / sum p + |exact|) + f32 terms. A slot missed, a pair misplaced or the two
+    halves of a pair swapped moves the output by far more (the forms are checked each against the float64
+    softmax; with dot_bf16=False the f32-FMA form runs on a host with AVX-512 BF16 too)."""
+    q, k, v, seen, tokens = _inputs(B, T, N, K, D, S, first, seed=T * S + 1)
+    q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
+    assert native.block_attention_fits(q, k, v)
+    scale = D ** -0.5
+    run = jax.jit(native.block_attention, static_argnums=(5, 6))
+    got = run(q, k, v, seen, first, scale, dot_bf16)
+    assert got.dtype == jnp.bfloat16
+    exact, spread = _reference(*(np.asarray(x, np.float32) for x in (q, k, v)), seen, first, scale)
+    u = 2.0 ** -8
+    error = np.abs(np.asarray(got, np.float64) - exact)
+    assert np.all(error <= u * (spread + np.abs(exact)) + 1e-5), float((error - u * (spread + np.abs(exact))).max())
+    assert error.max() > 0  # bf16 rounding shows: the comparison is not vacuous
+    # the jnp form rounds the normalised probabilities instead: both within the bound of the exact softmax
+    mask = transformer.attention_mask(jnp.asarray(tokens), jnp.asarray(seen), first)
+    jnp_form = np.asarray(kernels.grouped_attention(q, k, v, mask, scale), np.float64)
+    assert np.all(np.abs(np.asarray(got, np.float64) - jnp_form) <= 2 * u * (spread + np.abs(exact)) + 2e-5)
+
+
+def test_block_attention_fits_float32_or_bfloat16_blocks():
     f32, bf16 = jnp.zeros((1, 16, 4, 8)), jnp.zeros((1, 16, 4, 8), jnp.bfloat16)
     cache = jnp.zeros((1, 32, 2, 8))
     assert native.block_attention_fits(f32, cache, cache)
-    assert not native.block_attention_fits(bf16, cache.astype(jnp.bfloat16), cache.astype(jnp.bfloat16))
+    assert native.block_attention_fits(bf16, cache.astype(jnp.bfloat16), cache.astype(jnp.bfloat16))
+    assert not native.block_attention_fits(bf16, cache, cache)  # one dtype for all three
+    assert not native.block_attention_fits(f32.astype(jnp.float16), cache.astype(jnp.float16), cache.astype(jnp.float16))
     assert not native.block_attention_fits(jnp.zeros((1, 12, 4, 8)), cache, cache)  # T not a multiple of 8
 
 

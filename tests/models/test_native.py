@@ -21,9 +21,29 @@ def test_pack_columns_puts_each_block_of_columns_in_one_contiguous_stretch():
     assert [native.column_block(n) for n in (576, 192, 896, 40, 12)] == [24, 24, 16, 8, None]
 
 
-# (rows, K, N): a decode step's batches (2-32 rows; 4-row tiles and the 1-3 rows left over) against blocks of
-# 24, 16 and 8 columns; K = 43 and 5 leave k steps after the kernel's 8 stretches of K // 8 (all of them at 5)
-SHAPES = [(1, 40, 24), (2, 64, 48), (3, 43, 32), (5, 24, 40), (4, 5, 16), (8, 576, 192), (32, 96, 1536)]
+def test_bf16_weights_are_packed_in_row_pairs_where_the_build_multiplies_bf16_pairs():
+    """On a CPU with AVX-512 BF16 (the build's -march=native gives it vdpbf16ps) a bf16 weight with even K is
+    packed as [N / NB, K / 2, NB, 2]; elsewhere, and for odd K or f32, in rows as above."""
+    flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    assert native.bf16_pairs() == ("avx512_bf16" in flags)
+    w = (np.arange(6 * 48) % 256).astype(np.float32).reshape(6, 48)  # integers < 256: exact in bf16
+    packed = np.asarray(native.pack_columns(jnp.asarray(w, jnp.bfloat16)), np.float32)
+    assert packed.shape == (2, 6, 24)
+    if native.bf16_pairs():
+        pairs = packed[1].reshape(3, 24, 2)  # block 1, [K / 2, NB, 2]
+        np.testing.assert_array_equal(pairs[:, :, 0], w[0::2, 24:])
+        np.testing.assert_array_equal(pairs[:, :, 1], w[1::2, 24:])
+    else:
+        np.testing.assert_array_equal(packed[1], w[:, 24:])
+    odd = np.asarray(native.pack_columns(jnp.asarray(w[:5], jnp.bfloat16)), np.float32)
+    np.testing.assert_array_equal(odd[1], w[:5, 24:])  # odd K: rows, never pairs
+
+
+# (rows, K, N): a decode step's batches (1-32 rows; 4-row tiles and the 1-3 rows left over, 8-row tiles of bf16
+# pairs and 1-7 left over) against blocks of 24, 16 and 8 columns; K = 43 and 5 leave k steps after the
+# kernel's 8 stretches of K // 8 (all of them at 5), and keep bf16 weights in rows (odd K: no pairs)
+SHAPES = [(1, 40, 24), (2, 64, 48), (3, 43, 32), (5, 24, 40), (4, 5, 16), (8, 576, 192), (13, 64, 24),
+          (32, 96, 1536)]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

@@ -1,7 +1,7 @@
 // Attention of a block of T new tokens (a prompt or an observation appended to a KV cache) over the cache's
 // window, as an XLA FFI handler on the CPU: the same result as searchjax/models/kernels.py's
-// `grouped_attention` with `transformer.attention_mask`'s mask, in float32. Built and registered by
-// searchjax/models/native.py; `native.block_attention` says when it runs.
+// `grouped_attention` with `transformer.attention_mask`'s mask, accumulated in float32. Built and registered
+// by searchjax/models/native.py; `native.block_attention` says when it runs.
 //
 // Why by hand: XLA:CPU (jax 0.10.2) runs grouped_attention for a 512-token block of 8 rows over a 5,120-slot
 // window at ~65 GFLOP/s on a 2-core AMD EPYC (AVX2), materialising [B, K, G, T, S] float32 logits and
@@ -13,11 +13,20 @@
 //   softmax p = exp(L - m), the running sum l_r and the accumulator rescaled by exp(m_old - m_new);
 //   values  acc[d, r] += sum_j p[j, r] v_j[d] (3 row vectors x 4 columns of accumulators),
 // so nothing of size T x S ever exists and each key and value row is read from memory once per tile.
-// Operands: q [B, T, N, D] f32 (rope applied), k and v [B, S, K, D] f32 (the layer's cache window, the block
-// already written at slots first .. first + T - 1), seen [B, S] bool (the slots' mask: real tokens), first
-// [] int32 (the block's first slot); attribute scale (f32). Query t of a row sees slot s iff
-// (s < first + t and seen[s]) or s == first + t, `attention_mask`'s rule. Result [B, T, N, D] f32. T must be a
-// multiple of 8 and D of 4 (native.py checks, else the jnp form runs).
+// A bf16 cache on a CPU with AVX-512 BF16 runs both products with vdpbf16ps instead (`dot_bf16` below): two
+// bf16 products summed into each f32 lane per instruction, twice the f32 FMA's work, as XLA's own bf16 GEMMs
+// do on such a host (the f32-FMA form of a bf16 block ran no faster than XLA's bf16 einsums there).
+// Operands: q [B, T, N, D] f32 (rope applied; a bf16 model's q widened), k and v [B, S, K, D] f32, bf16 or
+// bf16 bits (uint16) (the layer's cache window, the block already written at slots first .. first + T - 1),
+// seen [B, S] bool (the slots' mask: real tokens), first [] int32 (the block's first slot); attributes scale
+// (f32), round_p (bool: round the probabilities to bf16 before P V, as a bf16 model's second product takes
+// them; here they are the running ones, exp(L - m) before the final normalisation, as FlashAttention-2 feeds
+// its bf16 P V: the normalised probabilities the jnp form rounds do not exist until the last key block) and
+// dot_bf16 (bool: a bf16 cache may use vdpbf16ps where the build has it; false runs the f32-FMA form, which
+// the tests compare). Query t of a row sees slot s iff (s < first + t and seen[s]) or s == first + t,
+// `attention_mask`'s rule. Result [B, T, N, D] f32. T must be a multiple of 8 and D of 4 (native.py checks,
+// else the jnp form runs).
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
@@ -30,92 +39,40 @@ constexpr int64_t KB = 64;          // slots per key block: the [KB, R] tile of 
 constexpr int64_t TOKENS = 64;      // tokens per task (a multiple of 8): R = G TOKENS query rows
 constexpr float MASKED = -1e30f;    // a hidden slot's logit, as kernels.py's `_masked_logits`
 
-struct Task {
-  const float* k;       // [S, K, D] of this row, offset to this kv head
-  const float* v;
-  const bool* seen;     // [S]
-  int64_t KD, D, R, TT;
-  int64_t first_row_slot;  // first + t0: the slot of the tile's first token
-  float* qt;            // [D, R] the tile's queries, scaled, rows r = g TT + t
-  float* acc;           // [D, R]
-  float* logits;        // [KB, R]
-  float* m;             // [R]
-  float* l;             // [R]
+// What both forms keep per task: R query rows (a multiple of 8), each with its running max m and sum l, the
+// [D, R] accumulator and the block's [KB, R] logits, then probabilities.
+struct Rows {
+  const bool* seen;         // [S] of this batch row
+  int64_t R, TT, D;
+  int64_t first_row_slot;   // first + t0: the slot of the tile's first token
+  float* acc;               // [D, R]
+  float* logits;            // [KB, R]
+  float* m;                 // [R]
+  float* l;                 // [R]
 };
 
-// logits[j, r0:r0+8RV] for slots s0 + j0 .. s0 + j0 + 3 (J = 4 columns of accumulators), masked unless the
-// key block needs no mask (`key_block`).
-template <int RV>
-inline void logits_tile(const Task& t, int64_t s0, int64_t j0, int64_t r0, bool masked) {
-  v8f a[RV][4] = {};
-  const float* kj[4];
-  for (int j = 0; j < 4; ++j) kj[j] = t.k + (s0 + j0 + j) * t.KD;
-  for (int64_t d = 0; d < t.D; ++d) {
-    v8f q[RV];
-    for (int i = 0; i < RV; ++i) {
-      q[i] = load8(t.qt + d * t.R + r0 + 8 * i);
-      keep_in_register(q[i]);
-    }
-    for (int j = 0; j < 4; ++j) {
-      const v8f kv = splat(kj[j][d]);
-      for (int i = 0; i < RV; ++i) a[i][j] += q[i] * kv;
-    }
-  }
-  if (!masked) {  // every slot of the block seen and before every query's own: nothing to mask
-    for (int j = 0; j < 4; ++j)
-      for (int i = 0; i < RV; ++i) store8(t.logits + (j0 + j) * t.R + r0 + 8 * i, a[i][j]);
-    return;
-  }
-  for (int j = 0; j < 4; ++j) {
-    const int64_t s = s0 + j0 + j;
-    for (int i = 0; i < RV; ++i) {
-      // row r's token is r % TT; the 8 rows of a vector are 8 consecutive tokens of one head
-      const int64_t r = r0 + 8 * i;
-      const v8i limit = splat_i(int32_t(t.first_row_slot + r % t.TT)) + iota8();
-      const v8i slot = splat_i(int32_t(s));
-      const v8i visible = ((slot < limit) & splat_i(t.seen[s] ? -1 : 0)) | (slot == limit);
-      store8(t.logits + (j0 + j) * t.R + r, visible != 0 ? a[i][j] : splat(MASKED));
-    }
-  }
+// Whether any slot of the key block [s0, s0 + J) is hidden from some query of the tile.
+inline bool needs_mask(const Rows& t, int64_t s0, int64_t J) {
+  return s0 + J > t.first_row_slot || !std::all_of(t.seen + s0, t.seen + s0 + J, [](bool b) { return b; });
 }
 
-// acc[d0:d0+4, r0:r0+8RV] += sum_j p[j, r] v_j[d] over the block's J slots.
-template <int RV>
-inline void values_tile(const Task& t, int64_t s0, int64_t J, int64_t d0, int64_t r0) {
-  v8f a[RV][4];
-  for (int i = 0; i < RV; ++i)
-    for (int c = 0; c < 4; ++c) a[i][c] = load8(t.acc + (d0 + c) * t.R + r0 + 8 * i);
+// logits[j, r] = MASKED where slot s0 + j is hidden from row r's query (row r's token is r % TT; 8 rows of a
+// vector are 8 consecutive tokens of one head, as R and TT are multiples of 8).
+void mask_logits(const Rows& t, int64_t s0, int64_t J) {
   for (int64_t j = 0; j < J; ++j) {
-    v8f p[RV];
-    for (int i = 0; i < RV; ++i) {
-      p[i] = load8(t.logits + j * t.R + r0 + 8 * i);
-      keep_in_register(p[i]);
-    }
-    const float* vj = t.v + (s0 + j) * t.KD + d0;
-    for (int c = 0; c < 4; ++c) {
-      const v8f vv = splat(vj[c]);
-      for (int i = 0; i < RV; ++i) a[i][c] += p[i] * vv;
+    const int64_t s = s0 + j;
+    const v8i slot = splat_i(int32_t(s)), seen = splat_i(t.seen[s] ? -1 : 0);
+    for (int64_t r = 0; r < t.R; r += 8) {
+      const v8i limit = splat_i(int32_t(t.first_row_slot + r % t.TT)) + iota8();
+      const v8i visible = ((slot < limit) & seen) | (slot == limit);
+      store8(t.logits + j * t.R + r, visible != 0 ? load8(t.logits + j * t.R + r) : splat(MASKED));
     }
   }
-  for (int i = 0; i < RV; ++i)
-    for (int c = 0; c < 4; ++c) store8(t.acc + (d0 + c) * t.R + r0 + 8 * i, a[i][c]);
 }
 
-// Row vectors in groups of 3 (12 accumulators + 3 row vectors + 1 broadcast: AVX2's 16 registers), then 2, 1.
-template <typename Tile>
-inline void over_rows(int64_t R, const Tile& tile) {
-  int64_t r0 = 0;
-  for (; r0 + 24 <= R; r0 += 24) tile(std::integral_constant<int, 3>(), r0);
-  if (R - r0 == 16) tile(std::integral_constant<int, 2>(), r0);
-  else if (R - r0 == 8) tile(std::integral_constant<int, 1>(), r0);
-}
-
-void key_block(Task& t, int64_t s0, int64_t J) {  // J <= KB slots from s0, J a multiple of 4
-  const bool masked =
-      s0 + J > t.first_row_slot || !std::all_of(t.seen + s0, t.seen + s0 + J, [](bool b) { return b; });
-  for (int64_t j0 = 0; j0 < J; j0 += 4)
-    over_rows(t.R, [&](auto rv, int64_t r0) { logits_tile<decltype(rv)::value>(t, s0, j0, r0, masked); });
-  // online softmax: new max, rescale the running sum and accumulator, probabilities in place
+// The online softmax over one key block's J logits: new maxima, the running sums and the accumulator rescaled,
+// the probabilities exp(L - m) written over the logits (rounded to bf16 values with round_p).
+void online_softmax(const Rows& t, int64_t J, bool round_p) {
   for (int64_t r = 0; r < t.R; r += 8) {
     v8f peak = load8(t.m + r);
     for (int64_t j = 0; j < J; ++j) {
@@ -126,8 +83,8 @@ void key_block(Task& t, int64_t s0, int64_t J) {  // J <= KB slots from s0, J a 
     v8f sum = load8(t.l + r) * correction;
     for (int64_t j = 0; j < J; ++j) {
       const v8f p = exp_nonpositive(load8(t.logits + j * t.R + r) - peak);
-      store8(t.logits + j * t.R + r, p);
-      sum += p;
+      store8(t.logits + j * t.R + r, round_p ? round_bf16(p) : p);
+      sum += p;  // the unrounded sum normalises (FlashAttention-2's rowsum of P in f32)
     }
     store8(t.m + r, peak);
     store8(t.l + r, sum);
@@ -136,50 +93,256 @@ void key_block(Task& t, int64_t s0, int64_t J) {  // J <= KB slots from s0, J a 
     if (!unchanged)
       for (int64_t d = 0; d < t.D; ++d) store8(t.acc + d * t.R + r, load8(t.acc + d * t.R + r) * correction);
   }
-  for (int64_t d0 = 0; d0 < t.D; d0 += 4)
-    over_rows(t.R, [&](auto rv, int64_t r0) { values_tile<decltype(rv)::value>(t, s0, J, d0, r0); });
 }
 
-ffi::Error block_attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
-                           ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::PRED> seen, ffi::Buffer<ffi::S32> first,
-                           float scale, ffi::ResultBuffer<ffi::F32> out) {
-  const auto qd = q.dimensions(), kd = k.dimensions();  // [B, T, N, D], [B, S, K, D]
-  if (qd.size() != 4 || kd.size() != 4 || qd[0] != kd[0] || qd[3] != kd[3] || qd[2] % kd[2] != 0 ||
-      qd[1] % 8 != 0 || qd[3] % 4 != 0 || kd[1] % 4 != 0)
-    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "block_attention: q [B, T, N, D] and k, v [B, S, K, D] "
-                      "with T a multiple of 8, D and S of 4, N of K");
-  const int64_t B = qd[0], T = qd[1], N = qd[2], D = qd[3], S = kd[1], K = kd[2], G = N / K;
-  const int64_t TT = std::min<int64_t>(T, TOKENS);  // T is a multiple of 8, so is every tile
-  const int64_t tiles = (T + TT - 1) / TT;
-  const int64_t start = first.typed_data()[0];
-  const float* qp = q.typed_data();
-  const float* kp = k.typed_data();
-  const float* vp = v.typed_data();
-  const bool* sp = seen.typed_data();
-  float* op = out->typed_data();
+inline v8u bits(v8f x) { v8u u; std::memcpy(&u, &x, sizeof u); return u; }
+
+// ---- the f32-FMA form: any cache type, 8-lane vectors ----
+
+template <typename T>  // the cache's element: float, or uint16_t for bf16 (its bits)
+struct Task {
+  Rows rows;
+  const T* k;           // [S, K, D] of this row, offset to this kv head
+  const T* v;
+  int64_t KD;
+  float* qt;            // [D, R] the tile's queries, scaled, rows r = g TT + t
+};
+
+// logits[j0 + j, r0:r0+8RV] for slots s0 + j0 .. s0 + j0 + 3 (J = 4 columns of accumulators).
+template <int RV, typename T>
+inline void logits_tile(const Task<T>& t, int64_t s0, int64_t j0, int64_t r0) {
+  const int64_t R = t.rows.R;
+  v8f a[RV][4] = {};
+  const T* kj[4];
+  for (int j = 0; j < 4; ++j) kj[j] = t.k + (s0 + j0 + j) * t.KD;
+  for (int64_t d = 0; d < t.rows.D; ++d) {
+    v8f q[RV];
+    for (int i = 0; i < RV; ++i) {
+      q[i] = load8(t.qt + d * R + r0 + 8 * i);
+      keep_in_register(q[i]);
+    }
+    for (int j = 0; j < 4; ++j) {
+      const v8f kv = splat(load1(kj[j] + d));
+      for (int i = 0; i < RV; ++i) a[i][j] += q[i] * kv;
+    }
+  }
+  for (int j = 0; j < 4; ++j)
+    for (int i = 0; i < RV; ++i) store8(t.rows.logits + (j0 + j) * R + r0 + 8 * i, a[i][j]);
+}
+
+// acc[d0:d0+4, r0:r0+8RV] += sum_j p[j, r] v_j[d] over the block's J slots.
+template <int RV, typename T>
+inline void values_tile(const Task<T>& t, int64_t s0, int64_t J, int64_t d0, int64_t r0) {
+  const int64_t R = t.rows.R;
+  float* acc = t.rows.acc;
+  v8f a[RV][4];
+  for (int i = 0; i < RV; ++i)
+    for (int c = 0; c < 4; ++c) a[i][c] = load8(acc + (d0 + c) * R + r0 + 8 * i);
+  for (int64_t j = 0; j < J; ++j) {
+    v8f p[RV];
+    for (int i = 0; i < RV; ++i) {
+      p[i] = load8(t.rows.logits + j * R + r0 + 8 * i);
+      keep_in_register(p[i]);
+    }
+    const T* vj = t.v + (s0 + j) * t.KD + d0;
+    for (int c = 0; c < 4; ++c) {
+      const v8f vv = splat(load1(vj + c));
+      for (int i = 0; i < RV; ++i) a[i][c] += p[i] * vv;
+    }
+  }
+  for (int i = 0; i < RV; ++i)
+    for (int c = 0; c < 4; ++c) store8(acc + (d0 + c) * R + r0 + 8 * i, a[i][c]);
+}
+
+// Row vectors of `width` lanes in groups of `most` (the register tile), then the remainder; R a multiple of the
+// width.
+template <int most, typename Tile>
+inline void over_rows(int64_t R, int64_t width, const Tile& tile) {
+  int64_t r0 = 0;
+  for (; r0 + most * width <= R; r0 += most * width) tile(std::integral_constant<int, most>(), r0);
+  const int64_t rest = (R - r0) / width;
+  if constexpr (most > 3) if (rest == 3) tile(std::integral_constant<int, 3>(), r0);
+  if constexpr (most > 2) if (rest == 2) tile(std::integral_constant<int, 2>(), r0);
+  if (rest == 1) tile(std::integral_constant<int, 1>(), r0);
+}
+
+template <typename T>
+void key_block(Task<T>& t, int64_t s0, int64_t J, bool round_p) {  // J <= KB slots from s0, a multiple of 4
+  // 3 row vectors x 4 slots of accumulators + 3 row vectors + 1 broadcast: AVX2's 16 registers
+  for (int64_t j0 = 0; j0 < J; j0 += 4)
+    over_rows<3>(t.rows.R, 8, [&](auto rv, int64_t r0) { logits_tile<decltype(rv)::value, T>(t, s0, j0, r0); });
+  if (needs_mask(t.rows, s0, J)) mask_logits(t.rows, s0, J);
+  online_softmax(t.rows, J, round_p);
+  for (int64_t d0 = 0; d0 < t.rows.D; d0 += 4)
+    over_rows<3>(t.rows.R, 8, [&](auto rv, int64_t r0) { values_tile<decltype(rv)::value, T>(t, s0, J, d0, r0); });
+}
+
+#if defined(__AVX512BF16__)
+// ---- the vdpbf16ps form: a bf16 cache, 16-lane vectors ----
+// vdpbf16ps adds a[2i] b[2i] + a[2i + 1] b[2i + 1] (bf16 pairs, products exact in f32) into f32 lane i. Lanes
+// are 16 query rows; the pairs run along the reduced axis: head dims (d, d + 1) for the logits, slots
+// (j, j + 1) for P V. So the queries are held as [D / 2, R] pairs, a key row's pair is its two adjacent
+// elements (one 32-bit broadcast), the block's probabilities are paired as [KB / 2, R] after the softmax and
+// its values as [KB / 2, D] (v[j, d] | v[j + 1, d] << 16). R is padded to a multiple of 16 (zero queries: their
+// rows are computed and never written out).
+struct DotTask {
+  Rows rows;
+  const uint16_t* k;    // [S, K, D] of this row, offset to this kv head
+  const uint16_t* v;
+  int64_t KD;
+  float scale;
+  uint32_t* q2;         // [D / 2, R] query pairs
+  uint32_t* p2;         // [KB / 2, R] probability pairs
+  uint32_t* v2;         // [KB / 2, D] value pairs
+};
+
+inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
+inline uint32_t pair_at(const uint16_t* p) { uint32_t u; std::memcpy(&u, p, sizeof u); return u; }
+
+// logits[j0 + j, r0:r0+16RV] for slots s0 + j0 .. s0 + j0 + 3, scaled as the jnp form does (after the product).
+template <int RV>
+inline void dot_logits(const DotTask& t, int64_t s0, int64_t j0, int64_t r0) {
+  const int64_t R = t.rows.R;
+  __m512 a[RV][4];
+  for (int i = 0; i < RV; ++i)
+    for (int j = 0; j < 4; ++j) a[i][j] = _mm512_setzero_ps();
+  const uint16_t* kj[4];
+  for (int j = 0; j < 4; ++j) kj[j] = t.k + (s0 + j0 + j) * t.KD;
+  for (int64_t dp = 0; dp < t.rows.D / 2; ++dp) {
+    __m512i q[RV];
+    for (int i = 0; i < RV; ++i) q[i] = _mm512_loadu_si512(t.q2 + dp * R + r0 + 16 * i);
+    for (int j = 0; j < 4; ++j) {
+      const __m512i kk = _mm512_set1_epi32(int32_t(pair_at(kj[j] + 2 * dp)));
+      for (int i = 0; i < RV; ++i) a[i][j] = _mm512_dpbf16_ps(a[i][j], as_bh(q[i]), as_bh(kk));
+    }
+  }
+  const __m512 scale = _mm512_set1_ps(t.scale);
+  for (int j = 0; j < 4; ++j)
+    for (int i = 0; i < RV; ++i)
+      _mm512_storeu_ps(t.rows.logits + (j0 + j) * R + r0 + 16 * i, _mm512_mul_ps(a[i][j], scale));
+}
+
+// acc[d0:d0+4, r0:r0+16RV] += sum over the block's JP slot pairs of p2[jp, r] . v2[jp, d].
+template <int RV>
+inline void dot_values(const DotTask& t, int64_t JP, int64_t d0, int64_t r0) {
+  const int64_t R = t.rows.R, D = t.rows.D;
+  float* acc = t.rows.acc;
+  __m512 a[RV][4];
+  for (int i = 0; i < RV; ++i)
+    for (int c = 0; c < 4; ++c) a[i][c] = _mm512_loadu_ps(acc + (d0 + c) * R + r0 + 16 * i);
+  for (int64_t jp = 0; jp < JP; ++jp) {
+    __m512i p[RV];
+    for (int i = 0; i < RV; ++i) p[i] = _mm512_loadu_si512(t.p2 + jp * R + r0 + 16 * i);
+    for (int c = 0; c < 4; ++c) {
+      const __m512i vv = _mm512_set1_epi32(int32_t(t.v2[jp * D + d0 + c]));
+      for (int i = 0; i < RV; ++i) a[i][c] = _mm512_dpbf16_ps(a[i][c], as_bh(p[i]), as_bh(vv));
+    }
+  }
+  for (int i = 0; i < RV; ++i)
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc + (d0 + c) * R + r0 + 16 * i, a[i][c]);
+}
+
+void dot_key_block(DotTask& t, int64_t s0, int64_t J) {  // J <= KB slots from s0, a multiple of 4
+  const int64_t R = t.rows.R, D = t.rows.D;
+  // 4 row vectors x 4 slots of accumulators + 4 row vectors + 1 broadcast: 21 of AVX-512's 32 registers
+  for (int64_t j0 = 0; j0 < J; j0 += 4)
+    over_rows<4>(R, 16, [&](auto rv, int64_t r0) { dot_logits<decltype(rv)::value>(t, s0, j0, r0); });
+  if (needs_mask(t.rows, s0, J)) mask_logits(t.rows, s0, J);
+  online_softmax(t.rows, J, /*round_p=*/true);  // bf16 values: their top halves are the pairs' elements
+  for (int64_t jp = 0; jp < J / 2; ++jp) {
+    const float* p0 = t.rows.logits + 2 * jp * R;
+    for (int64_t r = 0; r < R; r += 8) {
+      const v8u pair = (bits(load8(p0 + r)) >> 16) | bits(load8(p0 + R + r));
+      std::memcpy(t.p2 + jp * R + r, &pair, sizeof pair);
+    }
+    const uint16_t* v0 = t.v + (s0 + 2 * jp) * t.KD;
+    for (int64_t d = 0; d < D; ++d) t.v2[jp * D + d] = uint32_t(v0[d]) | uint32_t(v0[t.KD + d]) << 16;
+  }
+  for (int64_t d0 = 0; d0 < D; d0 += 4)
+    over_rows<4>(R, 16, [&](auto rv, int64_t r0) { dot_values<decltype(rv)::value>(t, J / 2, d0, r0); });
+}
+#endif
+
+// The nearest bf16 of x (ties to even), as its 16 bits.
+inline uint32_t bf16_bits(float x) { return bits(round_bf16(splat(x)))[0] >> 16; }
+
+template <typename T>
+void run(ffi::ThreadPool& pool, const float* qp, const T* kp, const T* vp, const bool* sp, float* op, int64_t B,
+         int64_t T_, int64_t N, int64_t D, int64_t S, int64_t K, int64_t start, float scale, bool round_p,
+         bool dot_bf16) {
+  const int64_t G = N / K;
+  const int64_t TT = std::min<int64_t>(T_, TOKENS);  // T is a multiple of 8, so is every tile
+  const int64_t tiles = (T_ + TT - 1) / TT;
+#if defined(__AVX512BF16__)
+  const bool dot = dot_bf16 && std::is_same<T, uint16_t>::value;
+#else
+  const bool dot = false;
+#endif
   parallel_tasks(pool, B * K * tiles, [&](int64_t task) {
     const int64_t b = task / (K * tiles), h = (task / tiles) % K, t0 = (task % tiles) * TT;
-    const int64_t tokens = std::min(TT, T - t0), R = G * tokens;  // tokens: a multiple of 8
+    const int64_t tokens = std::min(TT, T_ - t0), R = dot ? (G * tokens + 15) / 16 * 16 : G * tokens;
     thread_local std::vector<float> buffer;
-    buffer.assign(2 * D * R + KB * R + 2 * R, 0.f);
-    Task t{kp + (b * S * K + h) * D, vp + (b * S * K + h) * D, sp + b * S, K * D, D, R, tokens, start + t0,
-           buffer.data(), buffer.data() + D * R, buffer.data() + 2 * D * R, buffer.data() + 2 * D * R + KB * R,
-           buffer.data() + 2 * D * R + KB * R + R};
-    for (int64_t g = 0; g < G; ++g)
-      for (int64_t i = 0; i < tokens; ++i)
-        for (int64_t d = 0; d < D; ++d)
-          t.qt[d * R + g * tokens + i] = qp[((b * T + t0 + i) * N + h * G + g) * D + d] * scale;
-    std::fill(t.m, t.m + R, MASKED);
+    // acc [D, R], logits [KB, R], m, l [R], then the queries: [D, R] f32 or [D / 2, R] pairs, and the dot
+    // form's probability and value pairs
+    buffer.assign(2 * D * R + KB * R + 2 * R + KB / 2 * R + KB / 2 * D, 0.f);
+    float* f = buffer.data();
+    const Rows rows{sp + b * S, R, tokens, D, start + t0, f, f + D * R, f + D * R + KB * R, f + D * R + KB * R + R};
+    float* queries = f + D * R + KB * R + 2 * R;
+    const int64_t offset = (b * S * K + h) * D;
+    const auto query = [&](int64_t g, int64_t i, int64_t d) { return qp[((b * T_ + t0 + i) * N + h * G + g) * D + d]; };
+    std::fill(rows.m, rows.m + R, MASKED);
     // slots past the tile's last token are hidden from all its queries: stop there (rounded up to 4, in S)
     const int64_t end = std::min<int64_t>(S, (start + t0 + tokens + 3) / 4 * 4);
-    for (int64_t s0 = 0; s0 < end; s0 += KB) key_block(t, s0, std::min(KB, end - s0));
+    if (dot) {
+#if defined(__AVX512BF16__)
+      auto* q2 = reinterpret_cast<uint32_t*>(queries);
+      DotTask t{rows, reinterpret_cast<const uint16_t*>(kp) + offset, reinterpret_cast<const uint16_t*>(vp) + offset,
+                K * D, scale, q2, q2 + D / 2 * R, q2 + D / 2 * R + KB / 2 * R};
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < tokens; ++i)
+          for (int64_t d = 0; d < D; d += 2)
+            q2[d / 2 * R + g * tokens + i] = bf16_bits(query(g, i, d)) | bf16_bits(query(g, i, d + 1)) << 16;
+      for (int64_t s0 = 0; s0 < end; s0 += KB) dot_key_block(t, s0, std::min(KB, end - s0));
+#endif
+    } else {
+      Task<T> t{rows, kp + offset, vp + offset, K * D, queries};
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < tokens; ++i)
+          for (int64_t d = 0; d < D; ++d) t.qt[d * R + g * tokens + i] = query(g, i, d) * scale;
+      for (int64_t s0 = 0; s0 < end; s0 += KB) key_block(t, s0, std::min(KB, end - s0), round_p);
+    }
     for (int64_t g = 0; g < G; ++g)
       for (int64_t i = 0; i < tokens; ++i) {
         const int64_t r = g * tokens + i;
-        const float inv = 1.f / t.l[r];
-        for (int64_t d = 0; d < D; ++d) op[((b * T + t0 + i) * N + h * G + g) * D + d] = t.acc[d * R + r] * inv;
+        const float inv = 1.f / rows.l[r];
+        for (int64_t d = 0; d < D; ++d) op[((b * T_ + t0 + i) * N + h * G + g) * D + d] = rows.acc[d * R + r] * inv;
       }
   });
+}
+
+ffi::Error block_attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                           ffi::Buffer<ffi::PRED> seen, ffi::Buffer<ffi::S32> first, float scale, bool round_p,
+                           bool dot_bf16, ffi::ResultBuffer<ffi::F32> out) {
+  const auto qd = q.dimensions(), kd = k.dimensions();  // [B, T, N, D], [B, S, K, D]
+  const auto type = k.element_type();
+  const bool bf16 = type == ffi::DataType::BF16 || type == ffi::DataType::U16;
+  if (qd.size() != 4 || kd.size() != 4 || qd[0] != kd[0] || qd[3] != kd[3] || qd[2] % kd[2] != 0 ||
+      qd[1] % 8 != 0 || qd[3] % 4 != 0 || kd[1] % 4 != 0 ||
+      !std::equal(kd.begin(), kd.end(), v.dimensions().begin(), v.dimensions().end()) ||
+      v.element_type() != type || !(bf16 || type == ffi::DataType::F32))
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "block_attention: q [B, T, N, D] f32 and k, v [B, S, K, D] "
+                      "of one type (f32, bf16 or uint16 bf16 bits) with T a multiple of 8, D and S of 4, N of K");
+  const int64_t B = qd[0], T = qd[1], N = qd[2], D = qd[3], S = kd[1], K = kd[2];
+  const int64_t start = first.typed_data()[0];
+  const float* qp = q.typed_data();
+  const bool* sp = seen.typed_data();
+  float* op = out->typed_data();
+  if (bf16)
+    run(pool, qp, static_cast<const uint16_t*>(k.untyped_data()), static_cast<const uint16_t*>(v.untyped_data()),
+        sp, op, B, T, N, D, S, K, start, scale, round_p, dot_bf16);
+  else
+    run(pool, qp, static_cast<const float*>(k.untyped_data()), static_cast<const float*>(v.untyped_data()), sp, op,
+        B, T, N, D, S, K, start, scale, round_p, dot_bf16);
   return ffi::Error::Success();
 }
 
@@ -189,9 +352,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SearchjaxBlockAttention, block_attention,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()   // q
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // k
-                                  .Arg<ffi::Buffer<ffi::F32>>()   // v
+                                  .Arg<ffi::AnyBuffer>()          // k
+                                  .Arg<ffi::AnyBuffer>()          // v
                                   .Arg<ffi::Buffer<ffi::PRED>>()  // seen
                                   .Arg<ffi::Buffer<ffi::S32>>()   // first
                                   .Attr<float>("scale")
+                                  .Attr<bool>("round_p")
+                                  .Attr<bool>("dot_bf16")
                                   .Ret<ffi::Buffer<ffi::F32>>());

@@ -40,6 +40,15 @@ inline v8f load8(const uint16_t* p) {  // bf16 -> f32 is exact: the bf16 bits ar
 #endif
 }
 inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
+inline float load1(const float* p) { return *p; }
+inline float load1(const uint16_t* p) { const uint32_t u = uint32_t(*p) << 16; float f; std::memcpy(&f, &u, sizeof f); return f; }
+
+// Round to the nearest bf16, ties to even (the finite values a softmax gives; no NaN handling needed).
+inline v8f round_bf16(v8f x) {
+  v8u u; std::memcpy(&u, &x, sizeof u);
+  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  std::memcpy(&x, &u, sizeof x); return x;
+}
 inline v8i splat_i(int32_t x) { return v8i{x, x, x, x, x, x, x, x}; }
 inline v8i iota8() { return v8i{0, 1, 2, 3, 4, 5, 6, 7}; }
 

@@ -36,13 +36,6 @@ inline v8i visible8(const bool* v) {
   return __builtin_convertvector(b, v8i);
 }
 
-// Round to the nearest bf16, ties to even (the finite values a softmax gives; no NaN handling needed).
-inline v8f round_bf16(v8f x) {
-  v8u u; std::memcpy(&u, &x, sizeof u);
-  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  std::memcpy(&x, &u, sizeof x); return x;
-}
-
 struct Head {  // one (row, kv head)
   const float* q;       // [G, D]
   const float* k_new;   // [D]

@@ -14,6 +14,12 @@
 // sequential stream per thread left the memory system idle between the prefetcher's requests. Batch 8 28-30 ->
 // 22-24 ms, batch 4 23.4 -> 16.4-19.5 ms (28-33 GB/s, the host's streaming read), batch 32 61 -> 55 ms; 4 streams
 // gave 24-25 ms at batch 8, 16 streams 30.
+// bf16 weights on a CPU with AVX-512 BF16 are packed in pairs of rows ([N / NB, K / 2, NB, 2]: w[2k, n] and
+// w[2k + 1, n] adjacent, `native.pack_columns`) and multiplied by vdpbf16ps against x's pairs (x bf16 then):
+// two products per lane per instruction, where the f32 FMAs on widened weights made batch 8 compute-bound
+// (SmolLM2's 30 layers and head at batch 8, bf16: 18.6-20.1 ms, ~115 GFLOP/s, 14 GB/s of weights).
+#include <type_traits>
+
 #include "common.h"
 
 namespace {
@@ -45,6 +51,48 @@ inline void tile(const float* x, const T* block, float* y, int64_t K, int64_t N,
     for (int j = 0; j < NV; ++j) store8(y + (m0 + r) * N + n0 + 8 * j, acc[r][j]);
 }
 
+#if defined(__AVX512BF16__)
+// y[m0:m0+R, n0:n0+8NV] = x[m0:m0+R] w_block for a block of row pairs, w_block [K / 2, 8 NV, 2] contiguous and
+// x bf16: 8-lane vdpbf16ps (AVX-512 VL), R rows of accumulators (up to 8: 24 + 3 weight vectors + 1 broadcast
+// of AVX-512's 32 registers), the k pairs taken from STREAMS stretches as above.
+template <int R, int NV>
+inline void pair_tile(const uint16_t* x, const uint16_t* block, float* y, int64_t K, int64_t N, int64_t m0,
+                      int64_t n0) {
+  __m256 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j] = _mm256_setzero_ps();
+  auto step = [&](int64_t kp) {
+    __m256i w[NV];
+    for (int j = 0; j < NV; ++j) w[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + (kp * NV * 8 + 8 * j) * 2));
+    for (int r = 0; r < R; ++r) {
+      int32_t pair; std::memcpy(&pair, x + (m0 + r) * K + 2 * kp, sizeof pair);
+      const __m256bh xr = reinterpret_cast<__m256bh>(_mm256_set1_epi32(pair));
+      for (int j = 0; j < NV; ++j) acc[r][j] = _mm256_dpbf16_ps(acc[r][j], reinterpret_cast<__m256bh>(w[j]), xr);
+    }
+  };
+  const int64_t pairs = K / 2, stretch = pairs / STREAMS;
+  for (int64_t kp = 0; kp < stretch; ++kp)
+    for (int i = 0; i < STREAMS; ++i) step(i * stretch + kp);
+  for (int64_t kp = STREAMS * stretch; kp < pairs; ++kp) step(kp);
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NV; ++j) _mm256_storeu_ps(y + (m0 + r) * N + n0 + 8 * j, acc[r][j]);
+}
+
+template <int NV>
+void pair_column_block(const uint16_t* x, const uint16_t* block, float* y, int64_t M, int64_t K, int64_t N,
+                       int64_t n0) {
+  int64_t m = 0;
+  for (; m + 8 <= M; m += 8) pair_tile<8, NV>(x, block, y, K, N, m, n0);
+  switch (M - m) {
+#define SEARCHJAX_ROWS(r) case r: pair_tile<r, NV>(x, block, y, K, N, m, n0); break;
+    SEARCHJAX_ROWS(1) SEARCHJAX_ROWS(2) SEARCHJAX_ROWS(3) SEARCHJAX_ROWS(4)
+    SEARCHJAX_ROWS(5) SEARCHJAX_ROWS(6) SEARCHJAX_ROWS(7)
+#undef SEARCHJAX_ROWS
+    default: break;
+  }
+}
+#endif
+
 template <int NV, typename T>
 void column_block(const float* x, const T* block, float* y, int64_t M, int64_t K, int64_t N, int64_t n0) {
   int64_t m = 0;
@@ -57,25 +105,32 @@ void column_block(const float* x, const T* block, float* y, int64_t M, int64_t K
   }
 }
 
-template <int NV, typename T>
-ffi::Error run(ffi::ThreadPool& pool, const float* x, const T* w, float* y, int64_t M, int64_t K, int64_t blocks) {
+template <int NV, typename X, typename T>
+ffi::Error run(ffi::ThreadPool& pool, const X* x, const T* w, float* y, int64_t M, int64_t K, int64_t blocks) {
   constexpr int64_t NB = 8 * NV;
   const int64_t N = blocks * NB;
   // about 8 tasks per thread: small enough to balance, large enough that scheduling stays negligible
   const int64_t per_task = std::max<int64_t>(1, blocks / (8 * (pool.num_threads() + 1)));
   const int64_t tasks = (blocks + per_task - 1) / per_task;
   parallel_tasks(pool, tasks, [&](int64_t t) {
-    for (int64_t b = t * per_task; b < std::min(blocks, (t + 1) * per_task); ++b)
-      column_block<NV>(x, w + b * K * NB, y, M, K, N, b * NB);
+    for (int64_t b = t * per_task; b < std::min(blocks, (t + 1) * per_task); ++b) {
+#if defined(__AVX512BF16__)
+      if constexpr (std::is_same<X, uint16_t>::value) {
+        pair_column_block<NV>(x, w + b * K * NB, y, M, K, N, b * NB);
+        continue;
+      }
+#endif
+      if constexpr (std::is_same<X, float>::value) column_block<NV>(x, w + b * K * NB, y, M, K, N, b * NB);
+    }
   });
   return ffi::Error::Success();
 }
 
-template <typename T>
+template <typename X, typename T>
 ffi::Error dispatch_width(ffi::ThreadPool& pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y) {
   const auto xd = x.dimensions();
   const auto wd = w.dimensions();  // [N / NB, K, NB]
-  const auto* xp = static_cast<const float*>(x.untyped_data());
+  const auto* xp = static_cast<const X*>(x.untyped_data());
   const auto* wp = static_cast<const T*>(w.untyped_data());
   auto* yp = static_cast<float*>(y->untyped_data());
   switch (wd[2]) {
@@ -86,11 +141,21 @@ ffi::Error dispatch_width(ffi::ThreadPool& pool, ffi::AnyBuffer x, ffi::AnyBuffe
   }
 }
 
+// x f32 with w f32 or bf16 (packed in rows); x bf16 with w bf16 packed in row pairs (where the build has
+// AVX-512 BF16: `SearchjaxSkinnyMatmulPairs`).
 ffi::Error skinny_matmul(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Result<ffi::AnyBuffer> y) {
   if (x.dimensions().size() != 2 || w.dimensions().size() != 3 || x.dimensions()[1] != w.dimensions()[1])
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "skinny_matmul: x [M, K] and w [N / NB, K, NB]");
-  if (w.element_type() == ffi::DataType::BF16) return dispatch_width<uint16_t>(pool, x, w, y);
-  return dispatch_width<float>(pool, x, w, y);
+  const bool w16 = w.element_type() == ffi::DataType::BF16;
+  if (x.element_type() == ffi::DataType::BF16) {
+#if defined(__AVX512BF16__)
+    if (w16 && x.dimensions()[1] % 2 == 0) return dispatch_width<uint16_t, uint16_t>(pool, x, w, y);
+#endif
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "skinny_matmul: bf16 x needs bf16 weights packed in row "
+                      "pairs (even K) and a build with AVX-512 BF16");
+  }
+  if (w16) return dispatch_width<float, uint16_t>(pool, x, w, y);
+  return dispatch_width<float, float>(pool, x, w, y);
 }
 
 }  // namespace
@@ -101,3 +166,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SearchjaxSkinnyMatmul, skinny_matmul,
                                   .Arg<ffi::AnyBuffer>()  // x
                                   .Arg<ffi::AnyBuffer>()  // w, packed
                                   .Ret<ffi::AnyBuffer>());
+
+// Whether this build multiplies bf16 weights in row pairs (`native.bf16_pairs`): 1 with AVX-512 BF16, else 0.
+extern "C" int SearchjaxSkinnyMatmulPairs() {
+#if defined(__AVX512BF16__)
+  return 1;
+#else
+  return 0;
+#endif
+}
