@@ -17,8 +17,9 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from searchjax.models import KVCache, lm_head_weight, native, transformer
-from searchjax.models.decode_attention import (WINDOW_BITS, block_values, decode_attention, from_window,
-                                               kernel_runs, to_window, unblock_values, value_block)
+from searchjax.models.decode_attention import (WINDOW_BITS, block_values, decode_attention, from_key_window,
+                                               from_window, kernel_runs, key_window_dtype, to_key_window,
+                                               to_window, unblock_values, value_block)
 from searchjax.models.kernels import matmul, swiglu, update_slice, update_slice_in_dim
 
 
@@ -88,7 +89,8 @@ def split_cache(cache: Optional[KVCache], window: int, dtype=None, value_block: 
     (keys slot-minor), v = L arrays [B, K, W, D] (copies, once per decode launch; with `value_block` CB,
     [B, K, D / CB, W, CB], the CPU kernel's layout: `window_layout`), in `dtype` (default: the cache's; a wider
     one holds the cache's values exactly, and `merge_cache` rounds nothing when it writes them back;
-    `WINDOW_BITS` holds a bf16 cache's bits: `to_window`). Per-layer buffers let each step's products read a
+    `WINDOW_BITS` holds a bf16 cache's bits: `to_window`, its keys as pairs of head dims where the kernels
+    multiply bf16 pairs: `decode_attention.KEY_PAIRS`, [B, K, D / 2, W]). Per-layer buffers let each step's products read a
     layer's window in place and write only the new slot into it (a slice of the stacked [L, ...] cache would be
     a copy per layer and step); heads-major makes those products plain batched matmuls, and slot-minor keys make
     q k^T a [G, D] x [D, W] product (`decode_attention`, "Layout")."""
@@ -100,7 +102,9 @@ def split_cache(cache: Optional[KVCache], window: int, dtype=None, value_block: 
         heads_major = layer.transpose(0, 2, 1, 3)
         return heads_major if value_block is None else block_values(heads_major, value_block)
 
-    return KVCache(k=tuple(to_window(cache.k[i, :, :window].transpose(0, 2, 3, 1), dtype) for i in range(count)),
+    key_dtype = key_window_dtype(dtype, cache.k.shape[-1])
+    return KVCache(k=tuple(to_key_window(cache.k[i, :, :window].transpose(0, 2, 3, 1), key_dtype)
+                           for i in range(count)),
                    v=tuple(to_window(values(cache.v[i, :, :window]), dtype) for i in range(count)),
                    mask=cache.mask[:, :window], index=cache.index)
 
@@ -146,7 +150,7 @@ def merge_cache(full: Optional[KVCache], part: Optional[KVCache], written_from,
     def write(j, kv):
         at = jnp.minimum(written_from + j * block, window - block)
         # one update of all layers' block, not one per layer: XLA:CPU copied the whole cache for each of those
-        k_new = jnp.stack([from_window(jax.lax.dynamic_slice_in_dim(layer, at, block, axis=3), full.k.dtype)
+        k_new = jnp.stack([from_key_window(jax.lax.dynamic_slice_in_dim(layer, at, block, axis=3), full.k.dtype)
                            .transpose(0, 3, 1, 2) for layer in part.k])
         v_new = jnp.stack([from_window(_value_slots(layer, at, block), full.v.dtype) for layer in part.v])
         return update_slice_in_dim(kv[0], k_new, at, axis=2), update_slice_in_dim(kv[1], v_new, at, axis=2)
@@ -165,8 +169,8 @@ def _value_slots(layer, at, block: int) -> jax.Array:
 
 
 def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, sin, native_attention, packed):
-    """One decoder layer for one token per row: x [B, 1, H], windows k [B, K, D, W], v [B, K, W, D] (or the
-    kernel's [B, K, D / CB, W, CB]) -> (x, windows with slot `index` written). packed: the weights are
+    """One decoder layer for one token per row: x [B, 1, H], windows k [B, K, D, W] (or `KEY_PAIRS`' [B, K,
+    D / 2, W]), v [B, K, W, D] (or the kernel's [B, K, D / CB, W, CB]) -> (x, windows with slot `index` written). packed: the weights are
     `layer_weights(..., pack=True)`'s, for the skinny-matmul kernel.
 
     The same maths as `transformer.DecoderLayer` over a cache (projections through `kernels.matmul` with the
@@ -193,14 +197,14 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
     # as stored in the cache (which holds the compute dtype, `init_cache`'s default); written in the window's form
     k, v = k.astype(dt), v.astype(dt)
     out = decode_attention(q[:, 0], k[:, 0], v[:, 0], k_window, v_window, visible, D ** -0.5, native_attention)
-    k, v = to_window(k, k_window.dtype), to_window(v, v_window.dtype)
+    k_slot, v = to_key_window(k.transpose(0, 2, 3, 1), k_window.dtype), to_window(v, v_window.dtype)
     # Then write the slot, with values routed through the attention output (a select on `out > +inf`, false
     # for every number, NaN included: the values are k and v). That data dependency is what lets XLA write in
     # place: with none between the window's reads and the write, XLA cannot order them and copies the window
     # for the reads (2-3 copies per layer and step on XLA:CPU, also with an optimization barrier or with the
     # write first). Per row, so a batch-sharded step needs no communication for it.
     never = (out[:, 0, 0] > jnp.inf)[:, None, None, None]
-    k_window = update_slice(k_window, jnp.where(never, 0, k.transpose(0, 2, 3, 1)), (0, 0, 0, index))
+    k_window = update_slice(k_window, jnp.where(never, 0, k_slot), (0, 0, 0, index))
     v_slot = v.transpose(0, 2, 1, 3)  # [B, K, 1, D]
     if v_window.ndim == 5:  # [B, K, D / CB, 1, CB]
         v_slot = block_values(v_slot, v_window.shape[4])

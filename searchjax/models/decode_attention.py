@@ -101,13 +101,50 @@ def from_window(x: jax.Array, dtype) -> jax.Array:
     return x.astype(dtype)
 
 
+# A bf16 window's keys on a CPU whose kernels multiply bf16 pairs (`native.bf16_pairs`): each uint32 holds the
+# bits of two adjacent head dims of one slot, [B, K, D / 2, W] (dim 2i in the low half), what one vdpbf16ps lane
+# multiplies by q's pair (q[2i], q[2i + 1]). The kernel's q k^T then reads the keys without widening them to f32
+# (bound by those instructions, a bf16 window's attention read it at ~17 GB/s where an f32 one reads ~28), and a
+# slot's write stays one dynamic-update-slice of [B, K, D / 2, 1] (`to_key_window`).
+KEY_PAIRS = jnp.uint32
+
+
+def key_window_dtype(window_dtype, head_dim: int):
+    """The key window's storage for a window of `window_dtype`: `KEY_PAIRS` for bf16 bits (`WINDOW_BITS`) where
+    the kernels multiply bf16 pairs and head_dim is even, else `window_dtype` itself."""
+    if (window_dtype is not None and jnp.dtype(window_dtype) == WINDOW_BITS and head_dim % 2 == 0
+            and native_kernels.bf16_pairs()):
+        return KEY_PAIRS
+    return window_dtype
+
+
+def to_key_window(keys: jax.Array, window_dtype) -> jax.Array:
+    """Keys [..., D, W] (slot-minor) in the cache's dtype -> the key window's storage: `KEY_PAIRS`
+    [..., D / 2, W], else `to_window`'s."""
+    if jnp.dtype(window_dtype) != KEY_PAIRS:
+        return to_window(keys, window_dtype)
+    *lead, D, W = keys.shape
+    halves = to_window(keys, WINDOW_BITS).reshape(*lead, D // 2, 2, W).swapaxes(-1, -2)  # [..., D / 2, W, 2]
+    return jax.lax.bitcast_convert_type(halves, KEY_PAIRS)
+
+
+def from_key_window(x: jax.Array, dtype) -> jax.Array:
+    """`to_key_window`'s inverse: the key window's storage -> keys [..., D, W] in `dtype`."""
+    if x.dtype == KEY_PAIRS:
+        halves = jax.lax.bitcast_convert_type(x, WINDOW_BITS)  # [..., D / 2, W, 2]
+        *lead, half, W, _ = halves.shape
+        x = halves.swapaxes(-1, -2).reshape(*lead, 2 * half, W)
+    return from_window(x, dtype)
+
+
 def kernel_runs(dtype, window_dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
     """Whether `decode_attention(..., native=True)` runs the CPU kernel for these: a compute dtype of f32 or bf16,
-    a window of f32, bf16 or bf16 bits (`WINDOW_BITS`), head_dim a multiple of 8, at most 8 query heads per kv
-    head, and the kernel built here (the window's slots must be a multiple of 8 too: decode windows are multiples
-    of 16)."""
+    a window of f32, bf16 or bf16 bits (`WINDOW_BITS`, its keys possibly `KEY_PAIRS`), head_dim a multiple of 8,
+    at most 8 query heads per kv head, and the kernel built here (the window's slots must be a multiple of 8 too:
+    decode windows are multiples of 16)."""
     kernel_dtypes = (jnp.float32, jnp.bfloat16)
-    return bool(jnp.dtype(dtype) in kernel_dtypes and jnp.dtype(window_dtype) in (*kernel_dtypes, WINDOW_BITS)
+    return bool(jnp.dtype(dtype) in kernel_dtypes
+                and jnp.dtype(window_dtype) in (*kernel_dtypes, WINDOW_BITS, KEY_PAIRS)
                 and head_dim % 8 == 0 and num_heads // num_kv_heads <= 8 and native_kernels.decode_attention_target())
 
 
@@ -117,17 +154,19 @@ def decode_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_window:
 
     q [B, N, D]; k_new, v_new [B, K, D] (the token's own key/value, always visible); k_window [B, K, D, W] and
     v_window [B, K, W, D] heads-major, or [B, K, D / CB, W, CB] (`block_values`, the kernel's layout), read
-    only, in q's dtype or a wider one holding q's dtype's values, or bf16 bits (`WINDOW_BITS`); visible [B, W]
+    only, in q's dtype or a wider one holding q's dtype's values, or bf16 bits (`WINDOW_BITS`; the keys then
+    possibly as `KEY_PAIRS`, [B, K, D / 2, W]); visible [B, W]
     bool (window slot s is attended iff visible[b, s]). native: run the CPU kernel where it is built and takes
     the shapes (`kernel_runs`); the caller says the step runs on one CPU device. A window in the other form's
     layout is converted (a copy: `cpu_decode.split_cache` makes the layout the step's form reads). Returns
     [B, N, D] in q's dtype.
     """
     B, N, D = q.shape
-    K, W = k_window.shape[1], k_window.shape[3]  # [B, K, D, W]
+    K, W = k_window.shape[1], k_window.shape[3]  # [B, K, D, W] (or [B, K, D / 2, W] of `KEY_PAIRS`)
     G = N // K
     dt = q.dtype
-    if (native and v_window.dtype == k_window.dtype and W % 8 == 0
+    paired = k_window.dtype == KEY_PAIRS
+    if (native and v_window.dtype == (WINDOW_BITS if paired else k_window.dtype) and W % 8 == 0
             and kernel_runs(dt, k_window.dtype, N, K, D)):
         f32 = jnp.float32
         values = v_window if v_window.ndim == 5 else block_values(v_window)
@@ -137,7 +176,9 @@ def decode_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_window:
         return out.astype(dt).reshape(B, N, D)
     if v_window.ndim == 5:
         v_window = unblock_values(v_window)
-    if k_window.dtype == WINDOW_BITS:
+    if paired:
+        k_window = from_key_window(k_window, jnp.bfloat16)
+    if k_window.dtype == WINDOW_BITS or v_window.dtype == WINDOW_BITS:
         k_window, v_window = from_window(k_window, jnp.bfloat16), from_window(v_window, jnp.bfloat16)
     # The window's products run in the wider of the two dtypes: a float32 window of a bfloat16 model holds
     # bfloat16 values exactly (`cpu_decode.split_cache`), so q and the probabilities, rounded to dt first,

@@ -14,7 +14,8 @@ import pytest
 
 from searchjax import cpu_decode, decode_steps, sampling
 from searchjax.models import KVCache, init_cache, native, transformer
-from searchjax.models.decode_attention import block_values, from_window, to_window, unblock_values, value_block
+from searchjax.models.decode_attention import (KEY_PAIRS, block_values, from_window, to_key_window, to_window,
+                                               unblock_values, value_block)
 
 # every architecture switch: GQA with q/k norms (Qwen3), q/k/v biases (Qwen2), tied embeddings (Llama), MHA
 CONFIGS = {
@@ -90,6 +91,9 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
     if form == "per_layer":  # the kernels are what runs here, not a fallback, on the bf16 cache's bits
         assert cpu_decode.packed_decode(model.config, len(TOKEN), None) and values is not None
         assert window_dtype == (cpu_decode.WINDOW_BITS if dtype == "bfloat16" else None)
+        keys = cpu_decode.split_cache(cache, W, window_dtype, values).k[0].dtype  # paired for vdpbf16ps where it is
+        assert keys == (KEY_PAIRS if dtype == "bfloat16" and native.bf16_pairs() else cache.k.dtype
+                        if dtype == "float32" else cpu_decode.WINDOW_BITS)
     elif form != "stacked":
         window_dtype = cpu_decode.CPU_WINDOW_DTYPE
         values = values if kernels else None  # the kernel's layout, or the jnp form's
@@ -142,7 +146,9 @@ def test_merge_cache_writes_back_the_written_slots_only(written_from, written_to
     full = KVCache(k=jnp.asarray(rng.normal(size=(L, B, S, K, D)), jnp.bfloat16),
                    v=jnp.asarray(rng.normal(size=(L, B, S, K, D)), jnp.bfloat16),
                    mask=jnp.asarray(rng.random((B, S)) < 0.5), index=jnp.int32(written_from))
-    part = cpu_decode.split_cache(full, W, window_dtype, value_block)
+    part = cpu_decode.split_cache(full, W, window_dtype, value_block)  # bits: keys paired where the host pairs
+    assert part.k[0].dtype == (KEY_PAIRS if window_dtype == cpu_decode.WINDOW_BITS and native.bf16_pairs()
+                               else window_dtype or full.k.dtype)
     if value_block:  # the kernel's value layout, [B, K, D / CB, W, CB]
         assert part.v[0].shape == (B, K, D // value_block, W, value_block)
         np.testing.assert_array_equal(np.asarray(from_window(unblock_values(part.v[1]), jnp.float32)),
@@ -154,7 +160,8 @@ def test_merge_cache_writes_back_the_written_slots_only(written_from, written_to
     slots = slice(written_from, written_to)
     stored = lambda x, dtype: to_window(jnp.asarray(x, jnp.bfloat16), dtype)  # noqa: E731  a bf16 cache's values
     part = KVCache(
-        k=tuple(layer.at[:, :, :, slots].set(stored(new_k[i, :, slots].transpose(0, 2, 3, 1), layer.dtype))
+        k=tuple(layer.at[:, :, :, slots].set(to_key_window(jnp.asarray(new_k[i, :, slots].transpose(0, 2, 3, 1),
+                                                                       jnp.bfloat16), layer.dtype))
                 for i, layer in enumerate(part.k)),
         v=tuple(layer.at[:, :, slots].set(stored(new_v[i, :, slots].transpose(0, 2, 1, 3), layer.dtype))
                 for i, layer in enumerate(part.v)),
@@ -204,7 +211,7 @@ def test_decode_loop_body_copies_no_window_and_no_weight(dtype):
         window=W, mesh=None, rules=None).compile().as_text()
     body = _computation(hlo, re.search(r"body=%([\w.\-]+)", hlo).group(1))
     K, D, block = config.num_kv_heads, config.head_dim, value_block(config.head_dim)
-    shapes = {(batch, K, W, D), (batch, K, D, W), (batch, K, D // block, W, block)}  # a layer's windows
+    shapes = {(batch, K, W, D), (batch, K, D, W), (batch, K, D // 2, W), (batch, K, D // block, W, block)}  # windows
     shapes |= {tuple(w.shape[1:]) for w in jax.tree.leaves(params["layers"]) if w.ndim > 2}
     shapes |= {tuple(params["embed"]["embedding"].shape)}
     packed = jax.eval_shape(lambda p: (cpu_decode.layer_weights(p, config, pack=True),
@@ -212,7 +219,7 @@ def test_decode_loop_body_copies_no_window_and_no_weight(dtype):
     shapes |= {tuple(w.shape) for w in jax.tree.leaves(packed) if w.ndim == 3}
     offenders = []
     for line in body.splitlines():
-        match = re.match(r"\s*(ROOT )?%(\S+) = (?:f32|bf16|u16)\[([\d,]*)\]\{[^}]*\} (\S+)\(", line)
+        match = re.match(r"\s*(ROOT )?%(\S+) = (?:f32|bf16|u16|u32)\[([\d,]*)\]\{[^}]*\} (\S+)\(", line)
         if not match:
             continue
         name, dims, op = match.group(2), tuple(int(d) for d in match.group(3).split(",") if d), match.group(4)

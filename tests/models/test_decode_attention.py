@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from searchjax.models import native
-from searchjax.models.decode_attention import (WINDOW_BITS, block_values, decode_attention, from_window, to_window,
-                                               unblock_values)
+from searchjax.models.decode_attention import (KEY_PAIRS, WINDOW_BITS, block_values, decode_attention,
+                                               from_key_window, from_window, key_window_dtype, to_key_window,
+                                               to_window, unblock_values)
 
 B = 3
 
@@ -109,6 +110,37 @@ def test_a_window_of_bf16_bits_is_the_bf16_window():
                                 np.float32) for a in (args, bits))
         np.testing.assert_array_equal(got, want)
         assert np.abs(want).max() < 20  # the values' attention, not the bit patterns'
+
+
+def test_keys_paired_by_head_dims_are_the_bf16_window():
+    """`KEY_PAIRS` key windows ([B, K, D / 2, W] uint32, dims 2i and 2i + 1 of a slot in one word, 2i low: what
+    `cpu_decode.split_cache` makes for the kernel where it multiplies bf16 pairs) round-trip the bf16 keys
+    bitwise; the jnp form reads them as the bf16 window (bitwise equal results), the kernel's vdpbf16ps q k^T
+    within one bf16 step of the rounded numpy softmax and within the order of f32 sums of the unpaired kernel.
+    Where the host has no AVX-512 BF16, bit windows keep unpaired keys (`key_window_dtype`)."""
+    inputs, visible = _inputs(9, 2, 3, 64, 128, 100)
+    args = {name: jnp.asarray(value, jnp.bfloat16) for name, value in inputs.items()}
+    bits = dict(args, **{name: to_window(args[name], WINDOW_BITS) for name in ("k_window", "v_window")})
+    pairs = dict(bits, k_window=to_key_window(args["k_window"], KEY_PAIRS))
+    assert pairs["k_window"].shape == (B, 2, 32, 128) and pairs["k_window"].dtype == KEY_PAIRS
+    words = np.asarray(pairs["k_window"])
+    np.testing.assert_array_equal(words & 0xFFFF, np.asarray(bits["k_window"])[:, :, 0::2])
+    np.testing.assert_array_equal(words >> 16, np.asarray(bits["k_window"])[:, :, 1::2])
+    np.testing.assert_array_equal(np.asarray(from_key_window(pairs["k_window"], jnp.bfloat16), np.float32),
+                                  np.asarray(args["k_window"], np.float32))
+    assert key_window_dtype(WINDOW_BITS, 64) == (KEY_PAIRS if native.bf16_pairs() else WINDOW_BITS)
+    assert key_window_dtype(jnp.float32, 64) == jnp.float32 and key_window_dtype(WINDOW_BITS, 63) == WINDOW_BITS
+    attend = lambda a, flag: np.asarray(decode_attention(**a, visible=jnp.asarray(visible), scale=0.125,  # noqa: E731
+                                                         native=flag), np.float32)
+    np.testing.assert_array_equal(attend(pairs, False), attend(bits, False))
+    if native.bf16_pairs():
+        got, unpaired = attend(pairs, True), attend(bits, True)
+        want = _reference(**{name: np.asarray(value, np.float64) for name, value in args.items()}, visible=visible,
+                          scale=0.125, round_probs=True)
+        step = 2.0 ** (np.floor(np.log2(np.abs(want) + 1e-30)) - 7)
+        assert np.all(np.abs(got - want) <= step)
+        np.testing.assert_allclose(got, unpaired, rtol=2 ** -7, atol=1e-6)
+        assert np.abs(got).max() < 20
 
 
 def test_the_blocked_value_layout_gives_the_same_attention_in_both_forms():

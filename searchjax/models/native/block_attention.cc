@@ -95,8 +95,6 @@ void online_softmax(const Rows& t, int64_t J, bool round_p) {
   }
 }
 
-inline v8u bits(v8f x) { v8u u; std::memcpy(&u, &x, sizeof u); return u; }
-
 // ---- the f32-FMA form: any cache type, 8-lane vectors ----
 
 template <typename T>  // the cache's element: float, or uint16_t for bf16 (its bits)
@@ -262,9 +260,6 @@ void dot_key_block(DotTask& t, int64_t s0, int64_t J) {  // J <= KB slots from s
     over_rows<4>(R, 16, [&](auto rv, int64_t r0) { dot_values<decltype(rv)::value>(t, J / 2, d0, r0); });
 }
 #endif
-
-// The nearest bf16 of x (ties to even), as its 16 bits.
-inline uint32_t bf16_bits(float x) { return bits(round_bf16(splat(x)))[0] >> 16; }
 
 template <typename T>
 void run(ffi::ThreadPool& pool, const float* qp, const T* kp, const T* vp, const bool* sp, float* op, int64_t B,

@@ -49,6 +49,9 @@ inline v8f round_bf16(v8f x) {
   u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
   std::memcpy(&x, &u, sizeof x); return x;
 }
+inline v8u bits(v8f x) { v8u u; std::memcpy(&u, &x, sizeof u); return u; }
+// The nearest bf16 of x (ties to even), as its 16 bits.
+inline uint32_t bf16_bits(float x) { return bits(round_bf16(splat(x)))[0] >> 16; }
 inline v8i splat_i(int32_t x) { return v8i{x, x, x, x, x, x, x, x}; }
 inline v8i iota8() { return v8i{0, 1, 2, 3, 4, 5, 6, 7}; }
 

@@ -13,8 +13,12 @@
 //   p v    values in blocks of CB = 16 columns (8 when D is not a multiple of 32), each [W, CB] contiguous
 //          (decode_attention.py's `block_values`): two blocks per pass, G x 4 vector accumulators.
 // Only the slots from the first visible one to the last are read (`attend`).
+// Keys as uint32 pairs of head dims ([B, K, D / 2, W], decode_attention.py's KEY_PAIRS: a bf16 window on a CPU
+// with AVX-512 BF16) go through vdpbf16ps, q's pair broadcast against 8 slots' pairs: no widening to f32, which
+// bound q k^T over a bf16 window by its instructions (`paired_logits`).
 // Operands: q [B, K, G, D] f32 (already rounded to the compute dtype), k_new / v_new [B, K, D] f32,
-// k_window [B, K, D, W] and v_window [B, K, D / CB, W, CB] in f32, bf16 or bf16 bits (uint16), visible [B, W]
+// k_window [B, K, D, W] and v_window [B, K, D / CB, W, CB] in f32, bf16 or bf16 bits (uint16), or k_window
+// [B, K, D / 2, W] of uint32 pairs with v_window's bits (where the build has AVX-512 BF16), visible [B, W]
 // bool; attributes scale (f32) and round_p (bool: round the normalised probabilities to bf16 before the
 // products, as the bf16 model does). Result [B, K, G, D] f32. D and W must be multiples of 8 and G at most 8
 // (decode_attention.py checks, else the jnp form runs).
@@ -66,8 +70,37 @@ void probs_times_values(const float* probs, const T* block0, int64_t W, int64_t 
     for (int j = 0; j < P * N; ++j) store8(acc_out + g * D + c0 + 8 * j, acc[g][j]);
 }
 
+#if defined(__AVX512BF16__)
+// probs[g, s] = q[g] . k[:, s] for s in [begin, end), keys as [D / 2, W] pairs (dims 2i, 2i + 1 of slot s in one
+// uint32, 2i in the low half): four pairs (8 dims) per pass over the window, G x 4 q pairs broadcast in registers.
+template <int G>
+void paired_logits(const float* q, const uint32_t* kw, int64_t D, int64_t W, int64_t begin, int64_t end,
+                   float* probs) {
+  for (int g = 0; g < G; ++g) std::fill(probs + g * W + begin, probs + g * W + end, 0.f);
+  for (int64_t i = 0; i < D / 2; i += 4) {  // D is a multiple of 8
+    const uint32_t* k0 = kw + i * W;
+    __m256bh qd[G][4];
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < 4; ++j) {
+        const float* pair = q + g * D + 2 * (i + j);
+        qd[g][j] = reinterpret_cast<__m256bh>(_mm256_set1_epi32(int32_t(bf16_bits(pair[0]) | bf16_bits(pair[1]) << 16)));
+      }
+    for (int64_t s = begin; s < end; s += 8) {
+      __m256bh a[4];
+      for (int j = 0; j < 4; ++j)
+        a[j] = reinterpret_cast<__m256bh>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k0 + j * W + s)));
+      for (int g = 0; g < G; ++g) {
+        __m256 acc = _mm256_loadu_ps(probs + g * W + s);
+        for (int j = 0; j < 4; ++j) acc = _mm256_dpbf16_ps(acc, a[j], qd[g][j]);
+        _mm256_storeu_ps(probs + g * W + s, acc);
+      }
+    }
+  }
+}
+#endif
+
 template <int G, typename T>
-void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool round_p, float* probs) {
+void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool round_p, bool paired, float* probs) {
   const T* kw = static_cast<const T*>(h.k_window);
   const T* vw = static_cast<const T*>(h.v_window);
   // Only the stretch of 8-slot groups from the first visible slot to the last is read: the slots a decode
@@ -79,8 +112,11 @@ void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool r
   begin &= ~int64_t{7};
   end = (end + 7) & ~int64_t{7};
   // logits[g, s] = q[g] . k[:, s], four key rows per pass over the window (fewer passes over the logits)
-  for (int g = 0; g < G; ++g) std::fill(probs + g * W + begin, probs + g * W + end, 0.f);
-  for (int64_t d = 0; d < D; d += 4) {  // D is a multiple of 8
+#if defined(__AVX512BF16__)
+  if (paired) paired_logits<G>(h.q, static_cast<const uint32_t*>(h.k_window), D, W, begin, end, probs);
+#endif
+  if (!paired) for (int g = 0; g < G; ++g) std::fill(probs + g * W + begin, probs + g * W + end, 0.f);
+  for (int64_t d = 0; d < D && !paired; d += 4) {  // D is a multiple of 8
     const T* k0 = kw + d * W;
     v8f qd[G][4];
     for (int g = 0; g < G; ++g)
@@ -142,10 +178,13 @@ template <int G>
 ffi::Error run(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_new, ffi::AnyBuffer v_new,
                ffi::AnyBuffer k_window, ffi::AnyBuffer v_window, ffi::AnyBuffer visible, float scale, bool round_p,
                ffi::Result<ffi::AnyBuffer> out) {
-  const auto dims = k_window.dimensions();  // [B, K, D, W]
-  const int64_t B = dims[0], K = dims[1], D = dims[2], W = dims[3], CB = v_window.dimensions()[4];
-  // bf16 windows, or their bits as uint16 (searchjax/models/decode_attention.py's WINDOW_BITS)
-  const bool bf16 = k_window.element_type() == ffi::DataType::BF16 || k_window.element_type() == ffi::DataType::U16;
+  const auto dims = k_window.dimensions();  // [B, K, D, W], or [B, K, D / 2, W] of pairs
+  const bool paired = k_window.element_type() == ffi::DataType::U32;
+  const int64_t B = dims[0], K = dims[1], D = paired ? 2 * dims[2] : dims[2], W = dims[3];
+  const int64_t CB = v_window.dimensions()[4];
+  // bf16 windows, or their bits as uint16 (searchjax/models/decode_attention.py's WINDOW_BITS), keys maybe paired
+  const bool bf16 = paired || k_window.element_type() == ffi::DataType::BF16 ||
+                    k_window.element_type() == ffi::DataType::U16;
   const int64_t item = bf16 ? 2 : 4;
   const auto* qp = static_cast<const float*>(q.untyped_data());
   const auto* knp = static_cast<const float*>(k_new.untyped_data());
@@ -159,8 +198,8 @@ ffi::Error run(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_new, ffi
     probs.resize(G * W);
     const Head h{qp + t * G * D, knp + t * D, vnp + t * D, kwp + t * D * W * item, vwp + t * W * D * item,
                  visp + (t / K) * W, outp + t * G * D};
-    if (bf16) attend<G, uint16_t>(h, D, W, CB, scale, round_p, probs.data());
-    else attend<G, float>(h, D, W, CB, scale, round_p, probs.data());
+    if (bf16) attend<G, uint16_t>(h, D, W, CB, scale, round_p, paired, probs.data());
+    else attend<G, float>(h, D, W, CB, scale, round_p, false, probs.data());
   });
   return ffi::Error::Success();
 }
@@ -171,11 +210,19 @@ ffi::Error decode_attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuff
   const auto qd = q.dimensions();
   const auto kd = k_window.dimensions();
   const auto vd = v_window.dimensions();
-  if (qd.size() != 4 || kd.size() != 4 || kd[2] % 8 != 0 || kd[3] % 8 != 0 || vd.size() != 5 ||
-      (vd[4] != 16 && vd[4] != 8) || (vd[4] == 16 && kd[2] % 32 != 0) || vd[2] * vd[4] != kd[2] || vd[3] != kd[3])
+  const bool paired = k_window.element_type() == ffi::DataType::U32;
+#if !defined(__AVX512BF16__)
+  if (paired)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "decode_attention: paired keys need a build with AVX-512 BF16");
+#endif
+  if (paired && v_window.element_type() != ffi::DataType::U16)
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "decode_attention: paired keys come with bf16 bits values");
+  const int64_t D = kd.size() == 4 ? (paired ? 2 * kd[2] : kd[2]) : 0;
+  if (qd.size() != 4 || kd.size() != 4 || D % 8 != 0 || kd[3] % 8 != 0 || vd.size() != 5 ||
+      (vd[4] != 16 && vd[4] != 8) || (vd[4] == 16 && D % 32 != 0) || vd[2] * vd[4] != D || vd[3] != kd[3])
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "decode_attention: q must be [B, K, G, D], k_window "
-                      "[B, K, D, W] with D and W multiples of 8, v_window [B, K, D / CB, W, CB] with CB 8, or 16 "
-                      "when D is a multiple of 32");
+                      "[B, K, D, W] (or [B, K, D / 2, W] pairs) with D and W multiples of 8, v_window "
+                      "[B, K, D / CB, W, CB] with CB 8, or 16 when D is a multiple of 32");
   switch (qd[2]) {
 #define SEARCHJAX_GROUP(g) case g: return run<g>(pool, q, k_new, v_new, k_window, v_window, visible, scale, round_p, out);
     SEARCHJAX_GROUP(1) SEARCHJAX_GROUP(2) SEARCHJAX_GROUP(3) SEARCHJAX_GROUP(4)
