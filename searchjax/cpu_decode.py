@@ -89,11 +89,11 @@ def split_cache(cache: Optional[KVCache], window: int, dtype=None, value_block: 
     (keys slot-minor), v = L arrays [B, K, W, D] (copies, once per decode launch; with `value_block` CB,
     [B, K, D / CB, W, CB], the CPU kernel's layout: `window_layout`), in `dtype` (default: the cache's; a wider
     one holds the cache's values exactly, and `merge_cache` rounds nothing when it writes them back;
-    `WINDOW_BITS` holds a bf16 cache's bits: `to_window`, its keys as pairs of head dims where the kernels
-    multiply bf16 pairs: `decode_attention.KEY_PAIRS`, [B, K, D / 2, W]). Per-layer buffers let each step's products read a
-    layer's window in place and write only the new slot into it (a slice of the stacked [L, ...] cache would be
-    a copy per layer and step); heads-major makes those products plain batched matmuls, and slot-minor keys make
-    q k^T a [G, D] x [D, W] product (`decode_attention`, "Layout")."""
+    `WINDOW_BITS` holds a bf16 cache's bits: `to_window`, its keys as pairs of head dims where the kernels multiply
+    bf16 pairs: `decode_attention.KEY_PAIRS`, [B, K, D / 2, W]). Per-layer buffers let each step's products read a
+    layer's window in place and write only the new slot into it (a slice of the stacked [L, ...] cache would be a
+    copy per layer and step); heads-major makes those products plain batched matmuls, and slot-minor keys make q k^T
+    a [G, D] x [D, W] product (`decode_attention`, "Layout")."""
     if cache is None:
         return None
     count, dtype = cache.k.shape[0], cache.k.dtype if dtype is None else dtype
@@ -169,9 +169,9 @@ def _value_slots(layer, at, block: int) -> jax.Array:
 
 
 def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, sin, native_attention, packed):
-    """One decoder layer for one token per row: x [B, 1, H], windows k [B, K, D, W] (or `KEY_PAIRS`' [B, K,
-    D / 2, W]), v [B, K, W, D] (or the kernel's [B, K, D / CB, W, CB]) -> (x, windows with slot `index` written). packed: the weights are
-    `layer_weights(..., pack=True)`'s, for the skinny-matmul kernel.
+    """One decoder layer for one token per row: x [B, 1, H], windows k [B, K, D, W] (or `KEY_PAIRS`' [B, K, D / 2,
+    W]), v [B, K, W, D] (or the kernel's [B, K, D / CB, W, CB]) -> (x, windows with slot `index` written). packed:
+    the weights are `layer_weights(..., pack=True)`'s, for the skinny-matmul kernel.
 
     The same maths as `transformer.DecoderLayer` over a cache (projections through `kernels.matmul` with the
     same casts, RMSNorm via the model's module, RoPE, SwiGLU), but attention is `decode_attention` over the
