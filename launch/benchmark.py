@@ -23,6 +23,8 @@ QUICK = flags.DEFINE_bool("quick", False, "Small shapes: a smoke run of the harn
 ITERS = flags.DEFINE_integer("iters", 5, "Timed iterations per figure (median reported).")
 DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "auto"],
                           "Compute dtype of both sides (auto: searchjax.runtime.host_compute_dtype()).")
+MODEL = flags.DEFINE_string("model", "smollm2", "The rollout suite's policy: a Hugging Face checkpoint directory, a "
+                            "GGUF file or an alias (searchjax.data.assets.MODEL_ALIASES).")
 
 # Suite name -> module (its run(args)) or module:function. Listed explicitly so `--only` can name exactly what exists.
 SUITES = {
@@ -39,14 +41,23 @@ SUITES = {
 
 def main(argv):
     del argv
+    # The suites run their sides in several processes on this host's one accelerator, where JAX would otherwise
+    # take 75 % of its memory at start-up in each: here (a dtype of "auto" starts JAX's backend) and per side.
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from searchjax import runtime
+    from searchjax.bench import common
     from searchjax.bench.common import BenchArgs, format_table
+    from searchjax.data import assets
     runtime.enable_compilation_cache()
     unknown = [name for name in FLAGS.value if name not in SUITES]
     if unknown:
         raise app.UsageError(f"unknown suite(s) {unknown}; valid: {sorted(SUITES)}")
+    try:  # a path that is not there fails here, before any suite loads
+        common.model_path(MODEL.value) if MODEL.value not in assets.MODEL_ALIASES else None
+    except FileNotFoundError as error:
+        raise app.UsageError(f"--model={MODEL.value!r}: no such file or directory") from None
     dtype = runtime.host_compute_dtype() if DTYPE.value == "auto" else DTYPE.value
-    args = BenchArgs(iters=ITERS.value, quick=QUICK.value, out_dir=OUT_DIR.value, dtype=dtype)
+    args = BenchArgs(iters=ITERS.value, quick=QUICK.value, out_dir=OUT_DIR.value, dtype=dtype, model=MODEL.value)
     out = pathlib.Path(OUT_DIR.value)
     out.mkdir(parents=True, exist_ok=True)
     for name in FLAGS.value:

@@ -56,7 +56,13 @@ if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     _SUITE_XLA_FLAGS.append("--xla_backend_optimization_level=1")
 os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *_SUITE_XLA_FLAGS]).strip()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("JAX_PLATFORMS", "cpu")  # launcher subprocesses too: libtpu (the tpu extra) stays idle
+# JAX on the CPU, launcher subprocesses too (libtpu, the tpu extra, stays idle); SEARCHJAX_TEST_PLATFORMS=cuda,cpu
+# runs chosen files' JAX on a GPU instead (docs/performance.md, "On a GPU": files whose meshes want 8 devices fail).
+TEST_PLATFORMS = os.environ.get("SEARCHJAX_TEST_PLATFORMS", "cpu")
+if TEST_PLATFORMS == "cpu":
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+else:
+    os.environ["JAX_PLATFORMS"] = TEST_PLATFORMS
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -66,7 +72,11 @@ import pytest  # noqa: E402
 from searchjax import runtime  # noqa: E402
 from searchjax.data import assets  # noqa: E402
 
-jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_platforms", TEST_PLATFORMS)
+if TEST_PLATFORMS != "cpu":
+    # The parity tests compare float32 maths with float32 references; a GPU multiplies float32 in TF32 (10-bit
+    # mantissa) at JAX's default precision, a TPU in bf16 passes.
+    jax.config.update("jax_default_matmul_precision", "highest")
 runtime.enable_compilation_cache()
 
 

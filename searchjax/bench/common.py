@@ -25,6 +25,7 @@ class BenchArgs:
     quick: bool = False      # smaller shapes, for a smoke run of the harness itself
     out_dir: str = "bench_results"
     dtype: str = "float32"   # compute dtype of both sides: "float32", "bfloat16", or "auto" (the host's choice)
+    model: str = "smollm2"   # the policy of the suites that take one (rollout): an HF checkpoint dir, a GGUF or an alias
 
 
 def block(x: Any) -> Any:
@@ -239,6 +240,37 @@ def ours_environ() -> dict:
     from searchjax.runtime import HUGE_PAGES_TUNABLE
     tunables = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t and t != HUGE_PAGES_TUNABLE]
     return dict(os.environ) | {"GLIBC_TUNABLES": ":".join(tunables + [HUGE_PAGES_TUNABLE])}
+
+
+def model_path(model: str):
+    """`BenchArgs.model` as a path: an HF checkpoint directory, a GGUF file or an alias (`assets.MODEL_ALIASES`)."""
+    from searchjax.data import assets
+    return assets.resolve_model_path(model)
+
+
+def torch_device() -> str:
+    """Where a torch reference runs: "cuda" when JAX's default backend is a GPU (both sides on the accelerator,
+    each in its own process), else "cpu". Decided by JAX's backend, not torch's, so a host whose torch sees a GPU
+    that JAX does not use never compares a GPU reference with a CPU side."""
+    import jax
+    return "cuda" if jax.default_backend() == "gpu" else "cpu"
+
+
+def require_cpu(suite: str) -> None:
+    """Raise, naming the suite, unless JAX runs on the CPU: the suites whose references and bounds are CPU ones
+    (torch on the CPU, the host's streaming bandwidth and GEMM) would set them against an accelerator."""
+    import jax
+    backend = jax.default_backend()
+    if backend != "cpu":
+        raise RuntimeError(f"benchmark suite {suite!r} measures against CPU references and bounds, and JAX runs on "
+                           f"{backend} here: on an accelerator run --only=rollout (or JAX_PLATFORMS=cpu)")
+
+
+def torch_synchronize(device: str) -> None:
+    """Wait for the torch work queued on `device` (a no-op on the CPU): a timer read after it counts that work."""
+    if device == "cuda":
+        import torch
+        torch.cuda.synchronize()
 
 
 def set_torch_threads() -> int:

@@ -110,6 +110,7 @@ def _step_seconds(model, params, cache, window: int, former: bool, steps: int, i
 
 
 def run(args: common.BenchArgs) -> list[dict]:
+    common.require_cpu("decode_window")
     from searchjax.data import assets
     from searchjax.generation import decode_window
     from searchjax.models import load_pretrained

@@ -168,6 +168,7 @@ def _matmul_only_step_seconds(model, params, batch: int, iters: int) -> float:
 
 
 def run(args: common.BenchArgs) -> list[dict]:
+    common.require_cpu("generation")
     from searchjax.data import assets
     from searchjax.models import load_pretrained
     model, params = load_pretrained(assets.smollm2_gguf(), dtype=args.dtype)

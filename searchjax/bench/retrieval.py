@@ -313,6 +313,7 @@ def _quick_dense_index():
 
 
 def run(args: BenchArgs) -> list[dict]:
+    common.require_cpu("retrieval")
     from retrieval import default_index
     rows = _encoder_rows(args)
     rows += _synthetic_ann_rows(args)

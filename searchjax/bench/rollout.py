@@ -4,8 +4,13 @@
 
 The shape is Search-R1's (`train_grpo.sh`, configs/search_r1.py's rollout): 32 rows (8 questions x G = 4), 4
 searching turns and a final turn of 500 generated tokens each, observations of the top-3 passages cut to 500
-tokens, 6,144 cache slots. Policy: SmolLM2-135M-Instruct; retriever: BM25 over the embedded 10,033 Wikipedia
-leads; questions: the embedded default's first 8.
+tokens, 6,144 cache slots. Policy: SmolLM2-135M-Instruct (`--model`: any Hugging Face checkpoint or GGUF, its
+tokenizer building the script); retriever: BM25 over the embedded 10,033 Wikipedia leads; questions: the embedded
+default's first 8.
+
+On a GPU (JAX's default backend) both sides run there, each in its own process: transformers on "cuda", its
+timer read after `torch.cuda.synchronize()`; ours as on any JAX backend (the CPU kernels and the per-layer CPU
+decode never run there, so the "ours_jnp" side below is left out).
 
 The scripted policy. A 135M policy answers early, so to make every row use its whole budget the tokens are
 scripted (`script`): turn t of a row is exactly 500 tokens, "<think>" + ASCII corpus text + "</think>\\n<search>
@@ -151,16 +156,16 @@ def forcing_processor(table: np.ndarray):
     return process
 
 
-def _inputs(questions: int):
-    """(tokenizer, retriever, the first `questions` prompts, passages) of the benchmark: the embedded defaults."""
+def _inputs(questions: int, model: str):
+    """(tokenizer, retriever, the first `questions` prompts, passages) of the benchmark: `model`'s tokenizer and
+    the embedded corpus and questions."""
     from retrieval.bm25 import BM25Index
     from retrieval.client import InProcessRetriever
     from retrieval.corpus import default_corpus
-    from searchjax.data import assets
     from searchjax.data.qa_datasets import default_prompts
     from searchjax.tokenization import load_tokenizer
     passages = default_corpus()
-    return (load_tokenizer(assets.smollm2_gguf()), InProcessRetriever(BM25Index.build(passages)),
+    return (load_tokenizer(common.model_path(model)), InProcessRetriever(BM25Index.build(passages)),
             default_prompts()[:questions], passages)
 
 
@@ -170,14 +175,13 @@ def rollout_config():
                          max_obs_tokens=OBS_TOKENS, topk=TOPK, temperature=1.0, max_cache_len=CACHE_LEN)
 
 
-def _ours_side(dtype: str, s: Script):
+def _ours_side(dtype: str, s: Script, model_name: str):
     """`common.alternate` side: one scripted `rollout` of the script's rows; checks every response."""
     from searchjax.agent import rollout as rollout_lib
-    from searchjax.data import assets
     from searchjax.models import load_pretrained, native
-    tokenizer, retriever, prompts, _ = _inputs(len(s.questions))
+    tokenizer, retriever, prompts, _ = _inputs(len(s.questions), model_name)
     side = "ours" if native.enabled() else "ours_jnp"
-    model, params = load_pretrained(assets.smollm2_gguf(), dtype=dtype)
+    model, params = load_pretrained(common.model_path(model_name), dtype=dtype)
     processor = forcing_processor(stream_table(s, CACHE_LEN))
     cfg = rollout_config()
 
@@ -197,27 +201,28 @@ def _ours_side(dtype: str, s: Script):
     return run, {}
 
 
-def _transformers_side(dtype: str, s: Script):
-    """`common.alternate` side: transformers generate with its DynamicCache, turn by turn (module docstring)."""
+def _transformers_side(dtype: str, s: Script, model_name: str, device: str):
+    """`common.alternate` side: transformers generate with its DynamicCache, turn by turn (module docstring), on
+    `device` ("cuda" where ours runs on a GPU)."""
     import torch
     import transformers
-    from searchjax.data import assets
     from searchjax.models import load_pretrained, save_pretrained
     threads = common.set_torch_threads()
-    with tempfile.TemporaryDirectory(prefix="bench-rollout-") as directory:
-        model, params = load_pretrained(assets.smollm2_gguf(), dtype="float32")
+    with tempfile.TemporaryDirectory(prefix="bench-rollout-") as directory:  # the weights ours loads, as HF saves them
+        model, params = load_pretrained(common.model_path(model_name), dtype="float32")
         save_pretrained(model, params, directory)
         del params
         hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype)).eval()
+    hf = hf.to(device)
     rows = len(s.turns)
-    streams = torch.tensor(stream_table(s, CACHE_LEN), dtype=torch.long)
-    index = torch.arange(rows)
+    streams = torch.tensor(stream_table(s, CACHE_LEN), dtype=torch.long, device=device)
+    index = torch.arange(rows, device=device)
 
     class Force(transformers.LogitsProcessor):
         """+FORCING_BIAS on each row's next stream token; `pads[b]`: padding columns in row b's input so far."""
 
         def __init__(self):
-            self.pads = torch.zeros(rows, dtype=torch.long)
+            self.pads = torch.zeros(rows, dtype=torch.long, device=device)
 
         def __call__(self, input_ids, scores):
             position = input_ids.shape[1] - self.pads
@@ -233,7 +238,7 @@ def _transformers_side(dtype: str, s: Script):
         for r, b in enumerate(blocks):
             ids[r, width - len(b):] = torch.tensor(b)
             mask[r, width - len(b):] = 1
-        return ids, mask, torch.tensor([width - len(b) for b in blocks])
+        return ids.to(device), mask.to(device), torch.tensor([width - len(b) for b in blocks], device=device)
 
     def run():
         start = time.perf_counter()
@@ -252,6 +257,7 @@ def _transformers_side(dtype: str, s: Script):
                     block, block_mask, pads = left_pad([s.observations[r][t] for r in range(rows)])
                     ids, mask = torch.cat([ids, block], dim=1), torch.cat([mask, block_mask], dim=1)
                     force.pads = force.pads + pads
+        common.torch_synchronize(device)
         elapsed = time.perf_counter() - start
         for t, new in enumerate(generated):
             for r in range(rows):
@@ -260,30 +266,32 @@ def _transformers_side(dtype: str, s: Script):
         print(f"bench rollout: transformers {elapsed:.1f} s", file=sys.stderr, flush=True)
         return elapsed
 
-    return run, {"threads": threads}
+    return run, {"threads": threads, "device": device}
 
 
 def run(args: common.BenchArgs) -> list[dict]:
     rows = QUICK_ROWS if args.quick else ROWS
-    tokenizer, retriever, prompts, passages = _inputs(rows // GROUP)
+    tokenizer, retriever, prompts, passages = _inputs(rows // GROUP, args.model)
     s = script(tokenizer, retriever, prompts, passages)
     rounds = max(1, min(args.iters, 3))
-    timed = common.alternate({
-        "ours": (_ours_side, (args.dtype, s), common.ours_environ()),
-        "ours_jnp": (_ours_side, (args.dtype, s), common.ours_environ() | {"SEARCHJAX_NATIVE": "0"}),
-        "transformers": (_transformers_side, (args.dtype, s), common.torch_environ()),
-    }, rounds=rounds, warmup=args.warmup)
-    ours, ours_jnp, reference = timed["ours"], timed["ours_jnp"], timed["transformers"]
+    device = common.torch_device()
+    sides = {"ours": (_ours_side, (args.dtype, s, args.model), common.ours_environ())}
+    if device == "cpu":  # the CPU kernels' share; on an accelerator they never run
+        sides["ours_jnp"] = (_ours_side, (args.dtype, s, args.model), common.ours_environ() | {"SEARCHJAX_NATIVE": "0"})
+    sides["transformers"] = (_transformers_side, (args.dtype, s, args.model, device), common.torch_environ())
+    timed = common.alternate(sides, rounds=rounds, warmup=args.warmup)
+    ours, ours_jnp, reference = timed["ours"], timed.get("ours_jnp"), timed["transformers"]
     generated = len(s.turns) * (TURNS + 1) * TURN_TOKENS
     observed = sum(len(o) for obs in s.observations for o in obs)
     fmt = lambda t: f"{t['median_s']:.4g} ({t['min_s']:.4g}-{t['max_s']:.4g})"  # noqa: E731
     return [{"case": f"rollout {len(s.turns)} rows x ({TURNS}+1) turns x {TURN_TOKENS}, top-{TOPK}, "
                      f"obs <= {OBS_TOKENS}", "dtype": args.dtype, "rounds": rounds,
-             "ours_s": fmt(ours), "ours_jnp_s": fmt(ours_jnp), "transformers_s": fmt(reference),
-             "kernels_speedup": ours_jnp["median_s"] / ours["median_s"],
+             "ours_s": fmt(ours), "ours_jnp_s": fmt(ours_jnp) if ours_jnp else None, "transformers_s": fmt(reference),
+             "kernels_speedup": ours_jnp["median_s"] / ours["median_s"] if ours_jnp else None,
              "speedup": reference["median_s"] / ours["median_s"], "goal_3x_met": reference["median_s"] >= 3 * ours["median_s"],
              "generated_tokens": generated, "observation_tokens": observed,
              "ours_generated_tok_s": generated / ours["median_s"],
              "transformers_generated_tok_s": generated / reference["median_s"],
              "ours_phases_last_s": ours["details"]["phases"],
-             "torch_threads": reference["info"]["threads"]}]
+             "torch_threads": reference["info"]["threads"], "device": reference["info"]["device"],
+             "model": args.model}]

@@ -141,6 +141,7 @@ def _gemm_side(dtype: str):
 
 
 def run(args: common.BenchArgs) -> list[dict]:
+    common.require_cpu("scoring")
     batch, length = (2, 64) if args.quick else (8, 256)
     dtype = args.dtype
     results = common.alternate({

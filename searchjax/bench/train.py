@@ -203,6 +203,7 @@ def _quickstart_side(quick: bool, queue) -> None:
 
 
 def run(args: BenchArgs) -> list[dict]:
+    common.require_cpu("train")
     rows_n, p, r = _shapes(args.quick)
     tokens = rows_n * (p + r)
     sides = {"jax": (_jax_side, (args.quick, args.dtype), common.ours_environ()),
