@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 
 from searchjax.models import KVCache, lm_head_weight, native, transformer
 from searchjax.models.decode_attention import (WINDOW_BITS, block_values, decode_attention, from_key_window,
-                                               from_window, kernel_runs, key_window_dtype, to_key_window,
+                                               from_window, kernel_runs, key_window_dtype, pairs_values, to_key_window,
                                                to_window, unblock_values, value_block)
 from searchjax.models.kernels import matmul, swiglu, update_slice, update_slice_in_dim
 
@@ -90,7 +90,8 @@ def split_cache(cache: Optional[KVCache], window: int, dtype=None, value_block: 
     [B, K, D / CB, W, CB], the CPU kernel's layout: `window_layout`), in `dtype` (default: the cache's; a wider
     one holds the cache's values exactly, and `merge_cache` rounds nothing when it writes them back;
     `WINDOW_BITS` holds a bf16 cache's bits: `to_window`, its keys as pairs of head dims where the kernels multiply
-    bf16 pairs: `decode_attention.KEY_PAIRS`, [B, K, D / 2, W]). Per-layer buffers let each step's products read a
+    bf16 pairs: `decode_attention.KEY_PAIRS`, [B, K, D / 2, W], and then its values in slot pairs where CB is 16:
+    `decode_attention.pairs_values`, [B, K, D / 16, W / 2, 16, 2]). Per-layer buffers let each step's products read a
     layer's window in place and write only the new slot into it (a slice of the stacked [L, ...] cache would be a
     copy per layer and step); heads-major makes those products plain batched matmuls, and slot-minor keys make q k^T
     a [G, D] x [D, W] product (`decode_attention`, "Layout")."""
@@ -98,11 +99,13 @@ def split_cache(cache: Optional[KVCache], window: int, dtype=None, value_block: 
         return None
     count, dtype = cache.k.shape[0], cache.k.dtype if dtype is None else dtype
 
-    def values(layer):  # [B, W, K, D] -> [B, K, W, D] or [B, K, D / CB, W, CB]
-        heads_major = layer.transpose(0, 2, 1, 3)
-        return heads_major if value_block is None else block_values(heads_major, value_block)
-
     key_dtype = key_window_dtype(dtype, cache.k.shape[-1])
+    pairs = pairs_values(key_dtype, value_block)
+
+    def values(layer):  # [B, W, K, D] -> [B, K, W, D], [B, K, D / CB, W, CB] or in slot pairs
+        heads_major = layer.transpose(0, 2, 1, 3)
+        return heads_major if value_block is None else block_values(heads_major, value_block, pairs)
+
     return KVCache(k=tuple(to_key_window(cache.k[i, :, :window].transpose(0, 2, 3, 1), key_dtype)
                            for i in range(count)),
                    v=tuple(to_window(values(cache.v[i, :, :window]), dtype) for i in range(count)),
@@ -147,6 +150,9 @@ def merge_cache(full: Optional[KVCache], part: Optional[KVCache], written_from,
     window = part.mask.shape[1]
     block = min(block, window)
 
+    # from an even slot: a window's values in slot pairs are read a pair at a time (one more slot, already equal)
+    written_from = written_from // 2 * 2
+
     def write(j, kv):
         at = jnp.minimum(written_from + j * block, window - block)
         # one update of all layers' block, not one per layer: XLA:CPU copied the whole cache for each of those
@@ -162,7 +168,9 @@ def merge_cache(full: Optional[KVCache], part: Optional[KVCache], written_from,
 
 
 def _value_slots(layer, at, block: int) -> jax.Array:
-    """Slots [at, at + block) of a value window (either `split_cache` layout) as [B, block, K, D]."""
+    """Slots [at, at + block) of a value window (any `split_cache` layout; at and block even) as [B, block, K, D]."""
+    if layer.ndim == 6:  # [B, K, D / CB, W / 2, CB, 2]
+        return unblock_values(jax.lax.dynamic_slice_in_dim(layer, at // 2, block // 2, axis=3)).transpose(0, 2, 1, 3)
     if layer.ndim == 5:  # [B, K, D / CB, W, CB]
         return unblock_values(jax.lax.dynamic_slice_in_dim(layer, at, block, axis=3)).transpose(0, 2, 1, 3)
     return jax.lax.dynamic_slice_in_dim(layer, at, block, axis=2).transpose(0, 2, 1, 3)
@@ -206,7 +214,12 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
     never = (out[:, 0, 0] > jnp.inf)[:, None, None, None]
     k_window = update_slice(k_window, jnp.where(never, 0, k_slot), (0, 0, 0, index))
     v_slot = v.transpose(0, 2, 1, 3)  # [B, K, 1, D]
-    if v_window.ndim == 5:  # [B, K, D / CB, 1, CB]
+    if v_window.ndim == 6:  # [B, K, D / CB, 1, CB, 1]: half of the slot pair's words, the other half in place
+        CB = v_window.shape[4]
+        v_slot = v_slot.reshape(*v_slot.shape[:2], D // CB, 1, CB, 1)
+        v_window = update_slice(v_window, jnp.where(never[..., None, None], 0, v_slot),
+                                (0, 0, 0, index // 2, 0, index % 2))
+    elif v_window.ndim == 5:  # [B, K, D / CB, 1, CB]
         v_slot = block_values(v_slot, v_window.shape[4])
         v_window = update_slice(v_window, jnp.where(never[..., None], 0, v_slot), (0, 0, 0, index, 0))
     else:

@@ -36,7 +36,8 @@ kernel, 2-core AMD EPYC with AVX2; `docs/performance.md`, "CPU kernels for the d
 same softmax with one shared shift, in float32, with the probabilities rounded to the compute dtype before the
 product with V as here; only the order of float32 sums and its exp polynomial (relative error < 3e-7) differ.
 It reads the values in blocks of columns, [B, K, D / CB, W, CB] (`block_values`), which `split_cache` makes
-for a step that runs it.
+for a step that runs it; a bf16 window on a CPU with AVX-512 BF16 holds its keys in pairs of head dims and its
+values in pairs of slots (`KEY_PAIRS`, `pairs_values`), and both products run as bf16 pair dot products.
 """
 
 from __future__ import annotations
@@ -60,20 +61,28 @@ def value_block(head_dim: int) -> int:
     return VALUE_BLOCK if head_dim % (2 * VALUE_BLOCK) == 0 else 8
 
 
-def block_values(v: jax.Array, block: Optional[int] = None) -> jax.Array:
+def block_values(v: jax.Array, block: Optional[int] = None, pairs: bool = False) -> jax.Array:
     """Values [B, K, W, D] -> [B, K, D / CB, W, CB] (CB = block, default `value_block(D)`): the kernel's
     layout, each block of CB columns over all the slots one contiguous stretch, so each of the kernel's P V
     passes (two blocks, the 32 columns its registers hold) reads two sequential streams. Over [W, D] rows each
     pass read CB of every D columns, and the values streamed at ~18 GB/s against the keys' ~33 (30 layers,
     batch 8, 2,048 slots: 36.5 -> 30.9 ms with one block of 32 per pass); two blocks of 16 per pass read them at
-    ~30 GB/s where one block of 32 read ~25 (`docs/performance.md`, "Several streams per thread")."""
+    ~30 GB/s where one block of 32 read ~25 (`docs/performance.md`, "Several streams per thread").
+
+    pairs: [B, K, D / CB, W / 2, CB, 2], each column's values of slots 2j and 2j + 1 side by side (`VALUE_PAIRS`:
+    a bf16 window's bits, what one vdpbf16ps lane multiplies by those slots' probability pair)."""
     B, K, W, D = v.shape
     block = block or value_block(D)
+    if pairs:
+        return v.reshape(B, K, W // 2, 2, D // block, block).transpose(0, 1, 4, 2, 5, 3)
     return v.reshape(B, K, W, D // block, block).transpose(0, 1, 3, 2, 4)
 
 
 def unblock_values(v: jax.Array) -> jax.Array:
-    """`block_values`' inverse: [B, K, D / CB, W, CB] -> [B, K, W, D]."""
+    """`block_values`' inverse: [B, K, D / CB, W, CB] or [B, K, D / CB, W / 2, CB, 2] -> [B, K, W, D]."""
+    if v.ndim == 6:
+        B, K, blocks, half, block, _ = v.shape
+        return v.transpose(0, 1, 3, 5, 2, 4).reshape(B, K, 2 * half, blocks * block)
     B, K, blocks, W, block = v.shape
     return v.transpose(0, 1, 3, 2, 4).reshape(B, K, W, blocks * block)
 
@@ -107,6 +116,20 @@ def from_window(x: jax.Array, dtype) -> jax.Array:
 # (bound by those instructions, a bf16 window's attention read it at ~17 GB/s where an f32 one reads ~28), and a
 # slot's write stays one dynamic-update-slice of [B, K, D / 2, 1] (`to_key_window`).
 KEY_PAIRS = jnp.uint32
+
+
+# With `KEY_PAIRS` keys and 16-column value blocks, a bf16 window's values are paired too, along slots:
+# `block_values(..., pairs=True)`, [B, K, D / 16, W / 2, 16, 2] bits, so P V runs as bf16 pair products as well
+# (each lane: one column's values of two slots times their two probabilities, rounded to bf16 as the jnp form
+# rounds them; the products are exact in f32, so only the order of f32 sums differs). A slot's write is a
+# [B, K, D / 16, 1, 16, 1] dynamic-update-slice, every other bf16 in place (`cpu_decode._decode_layer`).
+VALUE_PAIR_BLOCK = 16
+
+
+def pairs_values(key_dtype, block: Optional[int]) -> bool:
+    """Whether a window with keys of `key_dtype` and values in blocks of `block` columns holds its values in slot
+    pairs (`VALUE_PAIR_BLOCK`)."""
+    return key_dtype is not None and jnp.dtype(key_dtype) == KEY_PAIRS and block == VALUE_PAIR_BLOCK
 
 
 def key_window_dtype(window_dtype, head_dim: int):
@@ -153,7 +176,8 @@ def decode_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_window:
     """softmax(scale q [k_window; k_new]^T) [v_window; v_new] for one query per row, merged exactly (above).
 
     q [B, N, D]; k_new, v_new [B, K, D] (the token's own key/value, always visible); k_window [B, K, D, W] and
-    v_window [B, K, W, D] heads-major, or [B, K, D / CB, W, CB] (`block_values`, the kernel's layout), read
+    v_window [B, K, W, D] heads-major, or [B, K, D / CB, W, CB] (`block_values`, the kernel's layout; in slot
+    pairs [B, K, D / 16, W / 2, 16, 2] with `KEY_PAIRS` keys), read
     only, in q's dtype or a wider one holding q's dtype's values, or bf16 bits (`WINDOW_BITS`; the keys then
     possibly as `KEY_PAIRS`, [B, K, D / 2, W]); visible [B, W]
     bool (window slot s is attended iff visible[b, s]). native: run the CPU kernel where it is built and takes
@@ -166,15 +190,18 @@ def decode_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_window:
     G = N // K
     dt = q.dtype
     paired = k_window.dtype == KEY_PAIRS
+    value_pairs = paired and dt == jnp.bfloat16 and value_block(D) == VALUE_PAIR_BLOCK  # the kernel's forms
     if (native and v_window.dtype == (WINDOW_BITS if paired else k_window.dtype) and W % 8 == 0
-            and kernel_runs(dt, k_window.dtype, N, K, D)):
+            and kernel_runs(dt, k_window.dtype, N, K, D) and (paired or v_window.ndim < 6)):
         f32 = jnp.float32
-        values = v_window if v_window.ndim == 5 else block_values(v_window)
+        values = v_window
+        if values.ndim != (6 if value_pairs else 5):  # another layout: a copy
+            values = block_values(unblock_values(values) if values.ndim > 4 else values, pairs=value_pairs)
         out = jax.ffi.ffi_call(native_kernels.DECODE_ATTENTION_TARGET, jax.ShapeDtypeStruct((B, K, G, D), f32))(
             q.reshape(B, K, G, D).astype(f32), k_new.astype(dt).astype(f32), v_new.astype(dt).astype(f32),
             k_window, values, visible, scale=np.float32(scale), round_p=bool(dt == jnp.bfloat16))
         return out.astype(dt).reshape(B, N, D)
-    if v_window.ndim == 5:
+    if v_window.ndim > 4:
         v_window = unblock_values(v_window)
     if paired:
         k_window = from_key_window(k_window, jnp.bfloat16)

@@ -14,14 +14,15 @@ import pytest
 
 from searchjax import cpu_decode, decode_steps, sampling
 from searchjax.models import KVCache, init_cache, native, transformer
-from searchjax.models.decode_attention import (KEY_PAIRS, block_values, from_window, to_key_window, to_window,
-                                               unblock_values, value_block)
+from searchjax.models.decode_attention import (KEY_PAIRS, block_values, from_window, pairs_values, to_key_window,
+                                               to_window, unblock_values, value_block)
 
 # every architecture switch: GQA with q/k norms (Qwen3), q/k/v biases (Qwen2), tied embeddings (Llama), MHA
 CONFIGS = {
     "qwen3": dict(architecture="qwen3", num_heads=4, num_kv_heads=2, head_dim=16, qk_norm=True),
     "qwen2": dict(architecture="qwen2", num_heads=6, num_kv_heads=2, head_dim=8, qkv_bias=True),
-    "llama_tied": dict(architecture="llama", num_heads=6, num_kv_heads=3, head_dim=16, tie_embeddings=True),
+    # head_dim 32: value blocks of 16 columns, a bf16 window's values in slot pairs where the kernels pair
+    "llama_tied": dict(architecture="llama", num_heads=6, num_kv_heads=3, head_dim=32, tie_embeddings=True),
     "mha_unscanned": dict(architecture="llama", num_heads=4, num_kv_heads=4, head_dim=16, scan_layers=False),
 }
 S, W, FILLED = 48, 32, 21  # cache slots, decode window, slots written before the step
@@ -91,9 +92,11 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
     if form == "per_layer":  # the kernels are what runs here, not a fallback, on the bf16 cache's bits
         assert cpu_decode.packed_decode(model.config, len(TOKEN), None) and values is not None
         assert window_dtype == (cpu_decode.WINDOW_BITS if dtype == "bfloat16" else None)
-        keys = cpu_decode.split_cache(cache, W, window_dtype, values).k[0].dtype  # paired for vdpbf16ps where it is
-        assert keys == (KEY_PAIRS if dtype == "bfloat16" and native.bf16_pairs() else cache.k.dtype
-                        if dtype == "float32" else cpu_decode.WINDOW_BITS)
+        split = cpu_decode.split_cache(cache, W, window_dtype, values)  # paired for vdpbf16ps where it is
+        paired = dtype == "bfloat16" and native.bf16_pairs()
+        assert split.k[0].dtype == (KEY_PAIRS if paired else cache.k.dtype if dtype == "float32"
+                                    else cpu_decode.WINDOW_BITS)
+        assert split.v[0].ndim == (6 if paired and model.config.head_dim % 32 == 0 else 5)  # values in slot pairs
     elif form != "stacked":
         window_dtype = cpu_decode.CPU_WINDOW_DTYPE
         values = values if kernels else None  # the kernel's layout, or the jnp form's
@@ -136,21 +139,25 @@ def test_decode_step_equals_full_forward_with_cache(name, dtype, tolerance, form
     (5, 27, 64),   # block wider than the window: one block of the whole window
 ])
 @pytest.mark.parametrize("window_dtype, value_block", [(jnp.float32, None), (None, None), (jnp.float32, 2),
-                                                       (cpu_decode.WINDOW_BITS, 2)])
+                                                       (cpu_decode.WINDOW_BITS, 2), (cpu_decode.WINDOW_BITS, 16)])
 def test_merge_cache_writes_back_the_written_slots_only(written_from, written_to, block, window_dtype, value_block):
     """merge_cache(full, split_cache(full) with slots [written_from, written_to) changed, written_from) equals
     the stacked cache with exactly those slots (and the window's mask) replaced, bitwise, for blocks that
-    cover the range several times over, reach past the window (clamped) or exceed it."""
+    cover the range several times over, reach past the window (clamped) or exceed it; values in slot pairs
+    (bits in blocks of 16 where the host pairs) from odd slots too."""
     rng = np.random.default_rng(7)
-    L, B, K, D = 2, 3, 2, 4
+    L, B, K, D = 2, 3, 2, max(4, value_block or 0)
     full = KVCache(k=jnp.asarray(rng.normal(size=(L, B, S, K, D)), jnp.bfloat16),
                    v=jnp.asarray(rng.normal(size=(L, B, S, K, D)), jnp.bfloat16),
                    mask=jnp.asarray(rng.random((B, S)) < 0.5), index=jnp.int32(written_from))
     part = cpu_decode.split_cache(full, W, window_dtype, value_block)  # bits: keys paired where the host pairs
     assert part.k[0].dtype == (KEY_PAIRS if window_dtype == cpu_decode.WINDOW_BITS and native.bf16_pairs()
                                else window_dtype or full.k.dtype)
-    if value_block:  # the kernel's value layout, [B, K, D / CB, W, CB]
-        assert part.v[0].shape == (B, K, D // value_block, W, value_block)
+    pairs = pairs_values(part.k[0].dtype, value_block)
+    assert pairs == (value_block == 16 and native.bf16_pairs())
+    if value_block:  # the kernel's value layout, [B, K, D / CB, W, CB], or [B, K, D / CB, W / 2, CB, 2] in pairs
+        assert part.v[0].shape == ((B, K, D // value_block, W // 2, value_block, 2) if pairs
+                                   else (B, K, D // value_block, W, value_block))
         np.testing.assert_array_equal(np.asarray(from_window(unblock_values(part.v[1]), jnp.float32)),
                                       np.asarray(full.v[1, :, :W].transpose(0, 2, 1, 3), np.float32))
         part = part.replace(v=tuple(unblock_values(layer) for layer in part.v))
@@ -167,7 +174,7 @@ def test_merge_cache_writes_back_the_written_slots_only(written_from, written_to
                 for i, layer in enumerate(part.v)),
         mask=jnp.asarray(new_mask), index=jnp.int32(written_to))
     if value_block:
-        part = part.replace(v=tuple(block_values(layer, value_block) for layer in part.v))
+        part = part.replace(v=tuple(block_values(layer, value_block, pairs) for layer in part.v))
     expected_k, expected_v = np.asarray(full.k, np.float32).copy(), np.asarray(full.v, np.float32).copy()
     expected_k[:, :, slots] = np.asarray(jnp.asarray(new_k[:, :, slots], jnp.bfloat16), np.float32)
     expected_v[:, :, slots] = np.asarray(jnp.asarray(new_v[:, :, slots], jnp.bfloat16), np.float32)
@@ -211,7 +218,8 @@ def test_decode_loop_body_copies_no_window_and_no_weight(dtype):
         window=W, mesh=None, rules=None).compile().as_text()
     body = _computation(hlo, re.search(r"body=%([\w.\-]+)", hlo).group(1))
     K, D, block = config.num_kv_heads, config.head_dim, value_block(config.head_dim)
-    shapes = {(batch, K, W, D), (batch, K, D, W), (batch, K, D // 2, W), (batch, K, D // block, W, block)}  # windows
+    shapes = {(batch, K, W, D), (batch, K, D, W), (batch, K, D // 2, W), (batch, K, D // block, W, block),
+              (batch, K, D // block, W // 2, block, 2)}  # windows
     shapes |= {tuple(w.shape[1:]) for w in jax.tree.leaves(params["layers"]) if w.ndim > 2}
     shapes |= {tuple(params["embed"]["embedding"].shape)}
     packed = jax.eval_shape(lambda p: (cpu_decode.layer_weights(p, config, pack=True),

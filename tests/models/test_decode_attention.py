@@ -117,7 +117,9 @@ def test_keys_paired_by_head_dims_are_the_bf16_window():
     `cpu_decode.split_cache` makes for the kernel where it multiplies bf16 pairs) round-trip the bf16 keys
     bitwise; the jnp form reads them as the bf16 window (bitwise equal results), the kernel's vdpbf16ps q k^T
     within one bf16 step of the rounded numpy softmax and within the order of f32 sums of the unpaired kernel.
-    Where the host has no AVX-512 BF16, bit windows keep unpaired keys (`key_window_dtype`)."""
+    Values in slot pairs ([B, K, D / 16, W / 2, 16, 2], column c of slots 2j and 2j + 1 side by side) give the
+    kernel's P V as pair products too: bitwise what it converts unpaired values to. Where the host has no
+    AVX-512 BF16, bit windows keep unpaired keys (`key_window_dtype`)."""
     inputs, visible = _inputs(9, 2, 3, 64, 128, 100)
     args = {name: jnp.asarray(value, jnp.bfloat16) for name, value in inputs.items()}
     bits = dict(args, **{name: to_window(args[name], WINDOW_BITS) for name in ("k_window", "v_window")})
@@ -141,6 +143,12 @@ def test_keys_paired_by_head_dims_are_the_bf16_window():
         assert np.all(np.abs(got - want) <= step)
         np.testing.assert_allclose(got, unpaired, rtol=2 ** -7, atol=1e-6)
         assert np.abs(got).max() < 20
+        value_pairs = block_values(bits["v_window"], pairs=True)
+        assert value_pairs.shape == (B, 2, 4, 64, 16, 2)
+        np.testing.assert_array_equal(np.asarray(value_pairs[:, :, 1, 5]),  # slots 10 and 11, columns 16-31
+                                      np.asarray(bits["v_window"][:, :, 10:12, 16:32]).swapaxes(-1, -2))
+        np.testing.assert_array_equal(np.asarray(unblock_values(value_pairs)), np.asarray(bits["v_window"]))
+        np.testing.assert_array_equal(attend(dict(pairs, v_window=value_pairs), True), got)
 
 
 def test_the_blocked_value_layout_gives_the_same_attention_in_both_forms():

@@ -15,10 +15,14 @@
 // Only the slots from the first visible one to the last are read (`attend`).
 // Keys as uint32 pairs of head dims ([B, K, D / 2, W], decode_attention.py's KEY_PAIRS: a bf16 window on a CPU
 // with AVX-512 BF16) go through vdpbf16ps, q's pair broadcast against 8 slots' pairs: no widening to f32, which
-// bound q k^T over a bf16 window by its instructions (`paired_logits`).
+// bound q k^T over a bf16 window by its instructions (`paired_logits`). With them, values as pairs of slots
+// ([B, K, D / 16, W / 2, 16, 2] bits, decode_attention.py's `block_values(..., pairs=True)`) run P V through
+// vdpbf16ps too, each probability pair (slots 2j, 2j + 1, rounded to bf16 as the bf16 model rounds them) broadcast
+// against 16 columns' pairs: no widening of the values either (`paired_probs_times_values`).
 // Operands: q [B, K, G, D] f32 (already rounded to the compute dtype), k_new / v_new [B, K, D] f32,
 // k_window [B, K, D, W] and v_window [B, K, D / CB, W, CB] in f32, bf16 or bf16 bits (uint16), or k_window
-// [B, K, D / 2, W] of uint32 pairs with v_window's bits (where the build has AVX-512 BF16), visible [B, W]
+// [B, K, D / 2, W] of uint32 pairs with v_window's bits, [B, K, D / CB, W, CB] or in slot pairs [B, K, D / 16,
+// W / 2, 16, 2] (those with round_p only; where the build has AVX-512 BF16), visible [B, W]
 // bool; attributes scale (f32) and round_p (bool: round the normalised probabilities to bf16 before the
 // products, as the bf16 model does). Result [B, K, G, D] f32. D and W must be multiples of 8 and G at most 8
 // (decode_attention.py checks, else the jnp form runs).
@@ -97,10 +101,48 @@ void paired_logits(const float* q, const uint32_t* kw, int64_t D, int64_t W, int
     }
   }
 }
+
+// out[g, c0 : c0 + 16 P] = sum_j pairs[g, j] . v[j] over slot pairs j in [begin, end): values as P blocks of 16
+// columns, each [W / 2, 16] uint32 (column c's bf16 of slots 2j and 2j + 1, 2j in the low half) at block0 + q 8 W,
+// read as P sequential streams; pairs[g, j] the bf16 probabilities of those two slots in one uint32.
+template <int G, int P>
+void paired_probs_times_values(const uint32_t* pairs, const uint32_t* block0, int64_t W, int64_t begin, int64_t end,
+                               int64_t D, int64_t c0, float* acc_out) {
+  const int64_t half = W / 2;
+  __m512 acc[G][P];
+  for (int g = 0; g < G; ++g)
+    for (int q = 0; q < P; ++q) acc[g][q] = _mm512_setzero_ps();
+  for (int64_t j = begin; j < end; ++j) {
+    __m512bh row[P];
+    for (int q = 0; q < P; ++q)
+      row[q] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(block0 + (q * half + j) * 16));
+    for (int g = 0; g < G; ++g) {
+      const __m512bh p = reinterpret_cast<__m512bh>(_mm512_set1_epi32(int32_t(pairs[g * half + j])));
+      for (int q = 0; q < P; ++q) acc[g][q] = _mm512_dpbf16_ps(acc[g][q], row[q], p);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int q = 0; q < P; ++q) _mm512_storeu_ps(acc_out + g * D + c0 + 16 * q, acc[g][q]);
+}
+
+// pairs[j] = the bf16 bits of probs[2j] (low half) and probs[2j + 1] (high half) for j in [begin, end), the
+// probabilities already rounded to bf16 (their low 16 bits zero): four pairs per vector.
+inline void probability_pairs(const float* probs, int64_t begin, int64_t end, uint32_t* pairs) {
+  typedef uint64_t v4q __attribute__((vector_size(32)));
+  typedef uint32_t v4u __attribute__((vector_size(16)));
+  for (int64_t j = begin; j < end; j += 4) {
+    v4q two;  // lane i: probs[2j + 2i] in bits 0-31, probs[2j + 2i + 1] in bits 32-63
+    std::memcpy(&two, probs + 2 * j, sizeof two);
+    const v4q joined = ((two >> 16) & 0xffffu) | ((two >> 32) & 0xffff0000u);
+    const v4u out = __builtin_convertvector(joined, v4u);
+    std::memcpy(pairs + j, &out, sizeof out);
+  }
+}
 #endif
 
 template <int G, typename T>
-void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool round_p, bool paired, float* probs) {
+void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool round_p, bool paired,
+            bool value_pairs, float* probs, uint32_t* pairs) {
   const T* kw = static_cast<const T*>(h.k_window);
   const T* vw = static_cast<const T*>(h.v_window);
   // Only the stretch of 8-slot groups from the first visible slot to the last is read: the slots a decode
@@ -157,7 +199,15 @@ void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool r
     }
   }
   // out = P V over the window: values in blocks of CB = 16 columns read two blocks (32 columns) per pass, or
-  // of 8 columns one per pass (`decode_attention.value_block`), then the token's own term
+  // of 8 columns one per pass (`decode_attention.value_block`), or in slot pairs, then the token's own term
+#if defined(__AVX512BF16__)
+  if (value_pairs) {  // round_p: the probabilities are bf16 values already
+    for (int g = 0; g < G; ++g) probability_pairs(probs + g * W, begin / 2, end / 2, pairs + g * (W / 2));
+    for (int64_t c0 = 0; c0 < D; c0 += 32)
+      paired_probs_times_values<G, 2>(pairs, static_cast<const uint32_t*>(h.v_window) + c0 * (W / 2), W, begin / 2,
+                                      end / 2, D, c0, h.out);
+  } else
+#endif
   if (CB == 16)
     for (int64_t c0 = 0; c0 < D; c0 += 32)
       probs_times_values<G, 2, 2>(probs, vw + c0 * W, W, begin, end, D, c0, h.out);
@@ -182,6 +232,7 @@ ffi::Error run(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_new, ffi
   const bool paired = k_window.element_type() == ffi::DataType::U32;
   const int64_t B = dims[0], K = dims[1], D = paired ? 2 * dims[2] : dims[2], W = dims[3];
   const int64_t CB = v_window.dimensions()[4];
+  const bool value_pairs = v_window.dimensions().size() == 6;  // [B, K, D / 16, W / 2, 16, 2]
   // bf16 windows, or their bits as uint16 (searchjax/models/decode_attention.py's WINDOW_BITS), keys maybe paired
   const bool bf16 = paired || k_window.element_type() == ffi::DataType::BF16 ||
                     k_window.element_type() == ffi::DataType::U16;
@@ -195,11 +246,13 @@ ffi::Error run(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_new, ffi
   auto* outp = static_cast<float*>(out->untyped_data());
   parallel_tasks(pool, B * K, [&](int64_t t) {
     thread_local std::vector<float> probs;
+    thread_local std::vector<uint32_t> pairs;
     probs.resize(G * W);
+    if (value_pairs) pairs.resize(G * W / 2);
     const Head h{qp + t * G * D, knp + t * D, vnp + t * D, kwp + t * D * W * item, vwp + t * W * D * item,
                  visp + (t / K) * W, outp + t * G * D};
-    if (bf16) attend<G, uint16_t>(h, D, W, CB, scale, round_p, paired, probs.data());
-    else attend<G, float>(h, D, W, CB, scale, round_p, false, probs.data());
+    if (bf16) attend<G, uint16_t>(h, D, W, CB, scale, round_p, paired, value_pairs, probs.data(), pairs.data());
+    else attend<G, float>(h, D, W, CB, scale, round_p, false, false, probs.data(), nullptr);
   });
   return ffi::Error::Success();
 }
@@ -218,7 +271,12 @@ ffi::Error decode_attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuff
   if (paired && v_window.element_type() != ffi::DataType::U16)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "decode_attention: paired keys come with bf16 bits values");
   const int64_t D = kd.size() == 4 ? (paired ? 2 * kd[2] : kd[2]) : 0;
-  if (qd.size() != 4 || kd.size() != 4 || D % 8 != 0 || kd[3] % 8 != 0 || vd.size() != 5 ||
+  if (vd.size() == 6) {  // values in slot pairs: [B, K, D / 16, W / 2, 16, 2], with paired keys and round_p
+    if (!paired || !round_p || qd.size() != 4 || kd.size() != 4 || kd[3] % 8 != 0 || vd[4] != 16 || vd[5] != 2 ||
+        vd[2] * 16 != D || D % 32 != 0 || 2 * vd[3] != kd[3])
+      return ffi::Error(ffi::ErrorCode::kInvalidArgument, "decode_attention: values in slot pairs must be "
+                        "[B, K, D / 16, W / 2, 16, 2] bits, with paired keys and round_p");
+  } else if (qd.size() != 4 || kd.size() != 4 || D % 8 != 0 || kd[3] % 8 != 0 || vd.size() != 5 ||
       (vd[4] != 16 && vd[4] != 8) || (vd[4] == 16 && D % 32 != 0) || vd[2] * vd[4] != D || vd[3] != kd[3])
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "decode_attention: q must be [B, K, G, D], k_window "
                       "[B, K, D, W] (or [B, K, D / 2, W] pairs) with D and W multiples of 8, v_window "
