@@ -116,7 +116,8 @@ def window_layout(config, mesh: Optional[Mesh], cache_dtype) -> tuple:
     """(dtype, value block) of a CPU decode launch's windows (`split_cache`'s dtype and value_block). Where the
     step's attention runs the kernel (one device, `decode_attention.kernel_runs`): the cache's own values (None;
     a bf16 cache's as their bits, `WINDOW_BITS`), which the kernel widens to f32 as it loads (bf16 -> f32 is
-    exact), and `decode_attention.value_block`'s columns per block. A bf16 cache's window is then read as half
+    exact) or, where it multiplies bf16 pairs, reads in pairs (`split_cache`), and `decode_attention.value_block`'s
+    columns per block. A bf16 cache's window is then read as half
     the bytes of an f32 copy, and the step's attention is bound by that read: batch 8 at 2,000 filled slots,
     bf16, 54.7 -> 38.0-43.0 ms a step on a 2-core AMD EPYC with AVX-512 BF16 (`docs/performance.md`, "bf16
     windows for the kernel"). Elsewhere (`CPU_WINDOW_DTYPE`, [B, K, W, D]): the jnp form's float32 windows;
