@@ -215,7 +215,7 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
     never = (out[:, 0, 0] > jnp.inf)[:, None, None, None]
     k_window = update_slice(k_window, jnp.where(never, 0, k_slot), (0, 0, 0, index))
     v_slot = v.transpose(0, 2, 1, 3)  # [B, K, 1, D]
-    if v_window.ndim == 6:  # [B, K, D / CB, 1, CB, 1]: half of the slot pair's words, the other half in place
+    if v_window.ndim == 6:  # [B, K, D / CB, 1, CB, 1]: this slot's half of each pair, its partner's untouched
         CB = v_window.shape[4]
         v_slot = v_slot.reshape(*v_slot.shape[:2], D // CB, 1, CB, 1)
         v_window = update_slice(v_window, jnp.where(never[..., None, None], 0, v_slot),

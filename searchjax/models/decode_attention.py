@@ -69,7 +69,7 @@ def block_values(v: jax.Array, block: Optional[int] = None, pairs: bool = False)
     batch 8, 2,048 slots: 36.5 -> 30.9 ms with one block of 32 per pass); two blocks of 16 per pass read them at
     ~30 GB/s where one block of 32 read ~25 (`docs/performance.md`, "Several streams per thread").
 
-    pairs: [B, K, D / CB, W / 2, CB, 2], each column's values of slots 2j and 2j + 1 side by side (`VALUE_PAIRS`:
+    pairs: [B, K, D / CB, W / 2, CB, 2], each column's values of slots 2j and 2j + 1 side by side (`pairs_values`:
     a bf16 window's bits, what one vdpbf16ps lane multiplies by those slots' probability pair)."""
     B, K, W, D = v.shape
     block = block or value_block(D)
