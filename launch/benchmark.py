@@ -45,17 +45,14 @@ def main(argv):
     # take 75 % of its memory at start-up in each: here (a dtype of "auto" starts JAX's backend) and per side.
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     from searchjax import runtime
-    from searchjax.bench import common
     from searchjax.bench.common import BenchArgs, format_table
     from searchjax.data import assets
     runtime.enable_compilation_cache()
     unknown = [name for name in FLAGS.value if name not in SUITES]
     if unknown:
         raise app.UsageError(f"unknown suite(s) {unknown}; valid: {sorted(SUITES)}")
-    try:  # a path that is not there fails here, before any suite loads
-        common.model_path(MODEL.value) if MODEL.value not in assets.MODEL_ALIASES else None
-    except FileNotFoundError as error:
-        raise app.UsageError(f"--model={MODEL.value!r}: no such file or directory") from None
+    if MODEL.value not in assets.MODEL_ALIASES and not os.path.exists(os.path.expanduser(MODEL.value)):
+        raise app.UsageError(f"--model={MODEL.value!r}: no such file or directory")  # before any suite loads
     dtype = runtime.host_compute_dtype() if DTYPE.value == "auto" else DTYPE.value
     args = BenchArgs(iters=ITERS.value, quick=QUICK.value, out_dir=OUT_DIR.value, dtype=dtype, model=MODEL.value)
     out = pathlib.Path(OUT_DIR.value)

@@ -242,12 +242,6 @@ def ours_environ() -> dict:
     return dict(os.environ) | {"GLIBC_TUNABLES": ":".join(tunables + [HUGE_PAGES_TUNABLE])}
 
 
-def model_path(model: str):
-    """`BenchArgs.model` as a path: an HF checkpoint directory, a GGUF file or an alias (`assets.MODEL_ALIASES`)."""
-    from searchjax.data import assets
-    return assets.resolve_model_path(model)
-
-
 def torch_device() -> str:
     """Where a torch reference runs: "cuda" when JAX's default backend is a GPU (both sides on the accelerator,
     each in its own process), else "cpu". Decided by JAX's backend, not torch's, so a host whose torch sees a GPU

@@ -162,10 +162,11 @@ def _inputs(questions: int, model: str):
     from retrieval.bm25 import BM25Index
     from retrieval.client import InProcessRetriever
     from retrieval.corpus import default_corpus
+    from searchjax.data import assets
     from searchjax.data.qa_datasets import default_prompts
     from searchjax.tokenization import load_tokenizer
     passages = default_corpus()
-    return (load_tokenizer(common.model_path(model)), InProcessRetriever(BM25Index.build(passages)),
+    return (load_tokenizer(assets.resolve_model_path(model)), InProcessRetriever(BM25Index.build(passages)),
             default_prompts()[:questions], passages)
 
 
@@ -178,10 +179,11 @@ def rollout_config():
 def _ours_side(dtype: str, s: Script, model_name: str):
     """`common.alternate` side: one scripted `rollout` of the script's rows; checks every response."""
     from searchjax.agent import rollout as rollout_lib
+    from searchjax.data import assets
     from searchjax.models import load_pretrained, native
     tokenizer, retriever, prompts, _ = _inputs(len(s.questions), model_name)
     side = "ours" if native.enabled() else "ours_jnp"
-    model, params = load_pretrained(common.model_path(model_name), dtype=dtype)
+    model, params = load_pretrained(assets.resolve_model_path(model_name), dtype=dtype)
     processor = forcing_processor(stream_table(s, CACHE_LEN))
     cfg = rollout_config()
 
@@ -206,10 +208,11 @@ def _transformers_side(dtype: str, s: Script, model_name: str, device: str):
     `device` ("cuda" where ours runs on a GPU)."""
     import torch
     import transformers
+    from searchjax.data import assets
     from searchjax.models import load_pretrained, save_pretrained
     threads = common.set_torch_threads()
     with tempfile.TemporaryDirectory(prefix="bench-rollout-") as directory:  # the weights ours loads, as HF saves them
-        model, params = load_pretrained(common.model_path(model_name), dtype="float32")
+        model, params = load_pretrained(assets.resolve_model_path(model_name), dtype="float32")
         save_pretrained(model, params, directory)
         del params
         hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=getattr(torch, dtype)).eval()

@@ -190,7 +190,7 @@ def decode_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_window:
     G = N // K
     dt = q.dtype
     paired = k_window.dtype == KEY_PAIRS
-    value_pairs = paired and dt == jnp.bfloat16 and value_block(D) == VALUE_PAIR_BLOCK  # the kernel's forms
+    value_pairs = dt == jnp.bfloat16 and pairs_values(k_window.dtype, value_block(D))  # the kernel's forms
     if (native and v_window.dtype == (WINDOW_BITS if paired else k_window.dtype) and W % 8 == 0
             and kernel_runs(dt, k_window.dtype, N, K, D) and (paired or v_window.ndim < 6)):
         f32 = jnp.float32
