@@ -160,11 +160,13 @@ def block_attention(q: jax.Array, k: jax.Array, v: jax.Array, seen: jax.Array, f
         round_p=bool(q.dtype == jnp.bfloat16), dot_bf16=bool(dot_bf16)).astype(q.dtype)
 
 
-def column_block(columns: int) -> Optional[int]:
+def column_block(columns: int, pairs: bool = False) -> Optional[int]:
     """The kernel's column block for a weight with `columns` outputs: 24 (a 4 x 24 tile of accumulators fills
     AVX2's 16 registers with the 3 weight vectors and the broadcast row value), else 16 or 8; None when the
-    columns are not a multiple of 8."""
-    return next((block for block in (24, 16, 8) if columns % block == 0), None)
+    columns are not a multiple of 8. A weight in bf16 row pairs (`pack_columns`) takes 48 or 32 first: three or
+    two 512-bit vectors a row of an 8-row tile (24 of AVX-512's 32 registers at 48), which the kernel runs as
+    512-bit vdpbf16ps (`skinny_matmul.cc`)."""
+    return next((block for block in ((48, 32) if pairs else ()) + (24, 16, 8) if columns % block == 0), None)
 
 
 def bf16_pairs() -> bool:
@@ -180,13 +182,13 @@ def _paired(dtype, rows: int) -> bool:
 
 
 def pack_columns(w: jax.Array) -> jax.Array:
-    """w [K, N] -> [N / NB, K, NB] (NB = `column_block(N)`): each block of NB output columns contiguous, so
+    """w [K, N] -> [N / NB, K, NB] (NB = `column_block(N, pairs)`): each block of NB output columns contiguous, so
     the kernel streams it once. A bf16 weight with even K on a build with bf16 dot products (`bf16_pairs`) has
     each block in row pairs, [K / 2, NB, 2] in the same shape: w[2k, n] and w[2k + 1, n] adjacent, what one
     vdpbf16ps lane multiplies by x[2k] and x[2k + 1]. A copy: made once per decode launch, with the per-layer
     weights."""
     K, N = w.shape
-    block = column_block(N)
+    block = column_block(N, pairs=_paired(w.dtype, K))
     if _paired(w.dtype, K):
         return w.reshape(K // 2, 2, N // block, block).transpose(2, 0, 3, 1).reshape(N // block, K, block)
     return w.reshape(K, N // block, block).transpose(1, 0, 2)

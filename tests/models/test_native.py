@@ -19,6 +19,8 @@ def test_pack_columns_puts_each_block_of_columns_in_one_contiguous_stretch():
     assert native.column_block(48) == 24 and packed.shape == (2, 6, 24)
     np.testing.assert_array_equal(packed[1], w[:, 24:])  # block 1 = columns 24..47, row by row
     assert [native.column_block(n) for n in (576, 192, 896, 40, 12)] == [24, 24, 16, 8, None]
+    # weights in bf16 row pairs: 512-bit tiles of 48 or 32 columns first
+    assert [native.column_block(n, pairs=True) for n in (576, 192, 896, 40, 12)] == [48, 48, 32, 8, None]
 
 
 def test_bf16_weights_are_packed_in_row_pairs_where_the_build_multiplies_bf16_pairs():
@@ -27,23 +29,27 @@ def test_bf16_weights_are_packed_in_row_pairs_where_the_build_multiplies_bf16_pa
     flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
     assert native.bf16_pairs() == ("avx512_bf16" in flags)
     w = (np.arange(6 * 48) % 256).astype(np.float32).reshape(6, 48)  # integers < 256: exact in bf16
-    packed = np.asarray(native.pack_columns(jnp.asarray(w, jnp.bfloat16)), np.float32)
-    assert packed.shape == (2, 6, 24)
+    packed = np.asarray(native.pack_columns(jnp.asarray(w[:, :40], jnp.bfloat16)), np.float32)
+    assert packed.shape == (5, 6, 8)  # 40 columns: blocks of 8 either way
     if native.bf16_pairs():
-        pairs = packed[1].reshape(3, 24, 2)  # block 1, [K / 2, NB, 2]
-        np.testing.assert_array_equal(pairs[:, :, 0], w[0::2, 24:])
-        np.testing.assert_array_equal(pairs[:, :, 1], w[1::2, 24:])
+        pairs = packed[1].reshape(3, 8, 2)  # block 1, [K / 2, NB, 2]
+        np.testing.assert_array_equal(pairs[:, :, 0], w[0::2, 8:16])
+        np.testing.assert_array_equal(pairs[:, :, 1], w[1::2, 8:16])
+        wide = np.asarray(native.pack_columns(jnp.asarray(w, jnp.bfloat16)), np.float32)
+        assert wide.shape == (1, 6, 48)  # pairs take one block of 48 columns (512-bit tiles)
+        np.testing.assert_array_equal(wide[0].reshape(3, 48, 2).transpose(0, 2, 1).reshape(6, 48), w)
     else:
-        np.testing.assert_array_equal(packed[1], w[:, 24:])
+        np.testing.assert_array_equal(packed[1], w[:, 8:16])
     odd = np.asarray(native.pack_columns(jnp.asarray(w[:5], jnp.bfloat16)), np.float32)
     np.testing.assert_array_equal(odd[1], w[:5, 24:])  # odd K: rows, never pairs
 
 
 # (rows, K, N): a decode step's batches (1-32 rows; 4-row tiles and the 1-3 rows left over, 8-row tiles of bf16
-# pairs and 1-7 left over) against blocks of 24, 16 and 8 columns; K = 43 and 5 leave k steps after the
-# kernel's 8 stretches of K // 8 (all of them at 5), and keep bf16 weights in rows (odd K: no pairs)
+# pairs and 1-7 left over) against blocks of 24, 16 and 8 columns, and of 48 and 32 for bf16 pairs (512-bit
+# tiles; 160 columns: 32); K = 43 and 5 leave k steps after the kernel's 8 stretches of K // 8 (all of them at
+# 5), and keep bf16 weights in rows (odd K: no pairs); K = 36 leaves pairs after the 8 stretches of the pairs
 SHAPES = [(1, 40, 24), (2, 64, 48), (3, 43, 32), (5, 24, 40), (4, 5, 16), (8, 576, 192), (13, 64, 24),
-          (32, 96, 1536)]
+          (32, 96, 1536), (6, 36, 160), (11, 1536, 96)]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

@@ -18,7 +18,15 @@
 // w[2k + 1, n] adjacent, `native.pack_columns`) and multiplied by vdpbf16ps against x's pairs (x bf16 then):
 // two products per lane per instruction, where the f32 FMAs on widened weights made batch 8 compute-bound
 // (SmolLM2's 30 layers and head at batch 8, bf16: 18.6-20.1 ms, ~115 GFLOP/s, 14 GB/s of weights).
+// Two more steps for the pairs: x's pairs are laid out once per call as [K / 2, M] (a k step's R broadcasts
+// read one 32-byte stretch; from x's rows they were R cache lines K apart, which the weights streaming through
+// L1 kept evicting: the down projection, K = 1,536, ran at half the others' rate), and blocks of 32 or 48
+// columns (`native.column_block(..., pairs=True)`) run 512-bit vdpbf16ps, 16 columns a vector: at batch 8 the
+// tile is bound by that instruction (one 256-bit vdpbf16ps a cycle per core here, the 512-bit form a little
+// more per column). SmolLM2's 30 layers and head at batch 8, bf16, medians of 9, alternated: 13.2-14.1 ->
+// 11.6-12.4 ms (x pairs) -> 10.2-10.5 ms (and 512-bit tiles), batch 1 8.9 -> 8.1 ms.
 #include <type_traits>
+#include <vector>
 
 #include "common.h"
 
@@ -53,21 +61,40 @@ inline void tile(const float* x, const T* block, float* y, int64_t K, int64_t N,
 
 #if defined(__AVX512BF16__)
 // y[m0:m0+R, n0:n0+8NV] = x[m0:m0+R] w_block for a block of row pairs, w_block [K / 2, 8 NV, 2] contiguous and
-// x bf16: 8-lane vdpbf16ps (AVX-512 VL), R rows of accumulators (up to 8: 24 + 3 weight vectors + 1 broadcast
-// of AVX-512's 32 registers), the k pairs taken from STREAMS stretches as above.
-template <int R, int NV>
-inline void pair_tile(const uint16_t* x, const uint16_t* block, float* y, int64_t K, int64_t N, int64_t m0,
-                      int64_t n0) {
-  __m256 acc[R][NV];
+// x's bf16 pairs as xp [K / 2, M] (`run`): vdpbf16ps on V = 8 (256-bit, AVX-512 VL) or 16 (512-bit) lanes, NV / (V
+// / 8) vectors a row, R rows of accumulators (up to 8: 24 + 3 weight vectors + 1 broadcast of AVX-512's 32
+// registers), the k pairs taken from STREAMS stretches as above.
+template <int V> struct PairLanes;  // V lanes of vdpbf16ps: acc += w . (x's pair in every lane)
+template <> struct PairLanes<8> {
+  typedef __m256 Acc;
+  typedef __m256bh Pairs;
+  static Acc dot(Acc acc, Pairs w, uint32_t x) {
+    return _mm256_dpbf16_ps(acc, w, reinterpret_cast<__m256bh>(_mm256_set1_epi32(int32_t(x))));
+  }
+};
+template <> struct PairLanes<16> {
+  typedef __m512 Acc;
+  typedef __m512bh Pairs;
+  static Acc dot(Acc acc, Pairs w, uint32_t x) {
+    return _mm512_dpbf16_ps(acc, w, reinterpret_cast<__m512bh>(_mm512_set1_epi32(int32_t(x))));
+  }
+};
+
+template <int R, int NV, int V>
+inline void pair_tile(const uint32_t* xp, const uint16_t* block, float* y, int64_t K, int64_t M, int64_t N,
+                      int64_t m0, int64_t n0) {
+  using Lanes = PairLanes<V>;
+  constexpr int NW = NV * 8 / V;  // vectors a row
+  typename Lanes::Acc acc[R][NW];
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NV; ++j) acc[r][j] = _mm256_setzero_ps();
+    for (int j = 0; j < NW; ++j) acc[r][j] = typename Lanes::Acc{};
   auto step = [&](int64_t kp) {
-    __m256i w[NV];
-    for (int j = 0; j < NV; ++j) w[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + (kp * NV * 8 + 8 * j) * 2));
+    typename Lanes::Pairs w[NW];
+    for (int j = 0; j < NW; ++j) std::memcpy(&w[j], block + (kp * NV * 8 + V * j) * 2, sizeof w[j]);
+    const uint32_t* xk = xp + kp * M + m0;
     for (int r = 0; r < R; ++r) {
-      int32_t pair; std::memcpy(&pair, x + (m0 + r) * K + 2 * kp, sizeof pair);
-      const __m256bh xr = reinterpret_cast<__m256bh>(_mm256_set1_epi32(pair));
-      for (int j = 0; j < NV; ++j) acc[r][j] = _mm256_dpbf16_ps(acc[r][j], reinterpret_cast<__m256bh>(w[j]), xr);
+      const uint32_t x = xk[r];  // one broadcast, used by the NW products of the row
+      for (int j = 0; j < NW; ++j) acc[r][j] = Lanes::dot(acc[r][j], w[j], x);
     }
   };
   const int64_t pairs = K / 2, stretch = pairs / STREAMS;
@@ -75,16 +102,18 @@ inline void pair_tile(const uint16_t* x, const uint16_t* block, float* y, int64_
     for (int i = 0; i < STREAMS; ++i) step(i * stretch + kp);
   for (int64_t kp = STREAMS * stretch; kp < pairs; ++kp) step(kp);
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NV; ++j) _mm256_storeu_ps(y + (m0 + r) * N + n0 + 8 * j, acc[r][j]);
+    for (int j = 0; j < NW; ++j) std::memcpy(y + (m0 + r) * N + n0 + V * j, &acc[r][j], sizeof acc[r][j]);
 }
 
+// 512-bit vectors for blocks of 32 or 48 columns (NV 4 or 6), 256-bit for 8, 16 or 24.
 template <int NV>
-void pair_column_block(const uint16_t* x, const uint16_t* block, float* y, int64_t M, int64_t K, int64_t N,
+void pair_column_block(const uint32_t* xp, const uint16_t* block, float* y, int64_t M, int64_t K, int64_t N,
                        int64_t n0) {
+  constexpr int V = NV >= 4 && NV % 2 == 0 ? 16 : 8;
   int64_t m = 0;
-  for (; m + 8 <= M; m += 8) pair_tile<8, NV>(x, block, y, K, N, m, n0);
+  for (; m + 8 <= M; m += 8) pair_tile<8, NV, V>(xp, block, y, K, M, N, m, n0);
   switch (M - m) {
-#define SEARCHJAX_ROWS(r) case r: pair_tile<r, NV>(x, block, y, K, N, m, n0); break;
+#define SEARCHJAX_ROWS(r) case r: pair_tile<r, NV, V>(xp, block, y, K, M, N, m, n0); break;
     SEARCHJAX_ROWS(1) SEARCHJAX_ROWS(2) SEARCHJAX_ROWS(3) SEARCHJAX_ROWS(4)
     SEARCHJAX_ROWS(5) SEARCHJAX_ROWS(6) SEARCHJAX_ROWS(7)
 #undef SEARCHJAX_ROWS
@@ -112,11 +141,17 @@ ffi::Error run(ffi::ThreadPool& pool, const X* x, const T* w, float* y, int64_t 
   // about 8 tasks per thread: small enough to balance, large enough that scheduling stays negligible
   const int64_t per_task = std::max<int64_t>(1, blocks / (8 * (pool.num_threads() + 1)));
   const int64_t tasks = (blocks + per_task - 1) / per_task;
+  std::vector<uint32_t> x_pairs;  // bf16 x as [K / 2, M] pairs: a k step's rows side by side (`pair_tile`)
+  if constexpr (std::is_same<X, uint16_t>::value) {
+    x_pairs.resize(K / 2 * M);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t kp = 0; kp < K / 2; ++kp) std::memcpy(&x_pairs[kp * M + m], x + m * K + 2 * kp, 4);
+  }
   parallel_tasks(pool, tasks, [&](int64_t t) {
     for (int64_t b = t * per_task; b < std::min(blocks, (t + 1) * per_task); ++b) {
 #if defined(__AVX512BF16__)
       if constexpr (std::is_same<X, uint16_t>::value) {
-        pair_column_block<NV>(x, w + b * K * NB, y, M, K, N, b * NB);
+        pair_column_block<NV>(x_pairs.data(), w + b * K * NB, y, M, K, N, b * NB);
         continue;
       }
 #endif
@@ -137,7 +172,9 @@ ffi::Error dispatch_width(ffi::ThreadPool& pool, ffi::AnyBuffer x, ffi::AnyBuffe
     case 8: return run<1>(pool, xp, wp, yp, xd[0], xd[1], wd[0]);
     case 16: return run<2>(pool, xp, wp, yp, xd[0], xd[1], wd[0]);
     case 24: return run<3>(pool, xp, wp, yp, xd[0], xd[1], wd[0]);
-    default: return ffi::Error(ffi::ErrorCode::kInvalidArgument, "skinny_matmul: column blocks of 8, 16 or 24");
+    case 32: return run<4>(pool, xp, wp, yp, xd[0], xd[1], wd[0]);
+    case 48: return run<6>(pool, xp, wp, yp, xd[0], xd[1], wd[0]);
+    default: return ffi::Error(ffi::ErrorCode::kInvalidArgument, "skinny_matmul: column blocks of 8, 16, 24, 32 or 48");
   }
 }
 
