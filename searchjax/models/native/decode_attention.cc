@@ -37,11 +37,17 @@ using namespace searchjax_native;
 inline float lane_max(v8f v) { float m = v[0]; for (int i = 1; i < 8; ++i) m = std::max(m, v[i]); return m; }
 inline float lane_sum(v8f v) { float s = 0.f; for (int i = 0; i < 8; ++i) s += v[i]; return s; }
 
-// The visibility of 8 slots as lanes (nonzero: visible), from 8 bool bytes.
+// The visibility of 8 slots as lanes (nonzero: visible), from 8 bool bytes: one widening load on AVX2 (the
+// generic conversion compiled to a byte-by-byte extraction, which made the softmax's two passes a fifth of the
+// kernel's time).
 inline v8i visible8(const bool* v) {
+#if defined(__AVX2__)
+  return reinterpret_cast<v8i>(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v))));
+#else
   typedef uint8_t v8b __attribute__((vector_size(8)));
   v8b b; std::memcpy(&b, v, sizeof b);
   return __builtin_convertvector(b, v8i);
+#endif
 }
 
 struct Head {  // one (row, kv head)
@@ -78,7 +84,7 @@ void probs_times_values(const float* probs, const T* block0, int64_t W, int64_t 
 // probs[g, s] += sum_j qp[g, j] . k[j, s] over NP key rows of pairs (k0: row 0 of them, rows W apart) for s in
 // [begin, end): 16 slots per vector (the last 8 masked when the stretch ends there), NP streams at once, two
 // accumulator chains per query row. qp: q's pairs, [G, half].
-template <int G, int NP>
+template <int G, int NP, bool FIRST>
 inline void logits_pass(const uint32_t* qp, int64_t half, const uint32_t* k0, int64_t W, int64_t begin, int64_t end,
                         float* probs) {
   for (int64_t s = begin; s < end; s += 16) {
@@ -87,7 +93,7 @@ inline void logits_pass(const uint32_t* qp, int64_t half, const uint32_t* k0, in
     for (int j = 0; j < NP; ++j)
       a[j] = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi32(m, k0 + j * W + s));
     for (int g = 0; g < G; ++g) {
-      __m512 even = _mm512_maskz_loadu_ps(m, probs + g * W + s), odd = _mm512_setzero_ps();
+      __m512 even = FIRST ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, probs + g * W + s), odd = _mm512_setzero_ps();
       for (int j = 0; j < NP; j += 2) {
         even = _mm512_dpbf16_ps(even, a[j], reinterpret_cast<__m512bh>(_mm512_set1_epi32(int32_t(qp[g * half + j]))));
         odd = _mm512_dpbf16_ps(odd, a[j + 1],
@@ -111,10 +117,11 @@ void paired_logits(const float* q, const uint32_t* kw, int64_t D, int64_t W, int
   for (int g = 0; g < G; ++g)
     for (int64_t i = 0; i < half; ++i)
       qp[g * half + i] = bf16_bits(q[g * D + 2 * i]) | bf16_bits(q[g * D + 2 * i + 1]) << 16;
-  for (int g = 0; g < G; ++g) std::fill(probs + g * W + begin, probs + g * W + end, 0.f);
-  int64_t i = 0;
-  for (; i + 8 <= half; i += 8) logits_pass<G, 8>(qp.data() + i, half, kw + i * W, W, begin, end, probs);
-  if (i < half) logits_pass<G, 4>(qp.data() + i, half, kw + i * W, W, begin, end, probs);
+  int64_t i = 0;  // the first pass writes the logits, the others add to them
+  if (half >= 8) logits_pass<G, 8, true>(qp.data(), half, kw, W, begin, end, probs), i = 8;
+  else logits_pass<G, 4, true>(qp.data(), half, kw, W, begin, end, probs), i = 4;
+  for (; i + 8 <= half; i += 8) logits_pass<G, 8, false>(qp.data() + i, half, kw + i * W, W, begin, end, probs);
+  if (i < half) logits_pass<G, 4, false>(qp.data() + i, half, kw + i * W, W, begin, end, probs);
 }
 
 // out[g, c0 : c0 + 16 P] = sum_j pairs[g, j] . v[j] over slot pairs j in [begin, end): values as P blocks of 16
@@ -140,16 +147,16 @@ void paired_probs_times_values(const uint32_t* pairs, const uint32_t* block0, in
     for (int q = 0; q < P; ++q) _mm512_storeu_ps(acc_out + g * D + c0 + 16 * q, acc[g][q]);
 }
 
-// pairs[j] = the bf16 bits of probs[2j] (low half) and probs[2j + 1] (high half) for j in [begin, end), the
-// probabilities already rounded to bf16 (their low 16 bits zero): four pairs per vector.
-inline void probability_pairs(const float* probs, int64_t begin, int64_t end, uint32_t* pairs) {
-  typedef uint64_t v4q __attribute__((vector_size(32)));
+// pairs[j] = the bf16 bits of probs[2j] / total (low half) and probs[2j + 1] / total (high half) for j in [begin,
+// end), each quotient rounded to bf16 as the bf16 model rounds its probabilities: the normalisation and the
+// pairing in one pass, four pairs per vector.
+inline void probability_pairs(const float* probs, float total, int64_t begin, int64_t end, uint32_t* pairs) {
   typedef uint32_t v4u __attribute__((vector_size(16)));
+  const v8f norm = splat(total);
   for (int64_t j = begin; j < end; j += 4) {
-    v4q two;  // lane i: probs[2j + 2i] in bits 0-31, probs[2j + 2i + 1] in bits 32-63
-    std::memcpy(&two, probs + 2 * j, sizeof two);
-    const v4q joined = ((two >> 16) & 0xffffu) | ((two >> 32) & 0xffff0000u);
-    const v4u out = __builtin_convertvector(joined, v4u);
+    const v8u u = bits(round_bf16(load8(probs + 2 * j) / norm));
+    const v4u even = __builtin_shufflevector(u, u, 0, 2, 4, 6), odd = __builtin_shufflevector(u, u, 1, 3, 5, 7);
+    const v4u out = (even >> 16) | (odd & 0xffff0000u);
     std::memcpy(pairs + j, &out, sizeof out);
   }
 }
@@ -208,7 +215,7 @@ void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool r
     }
     own[g] = exp_nonpositive(splat(own_logit) - m)[0];
     total[g] = lane_sum(z) + own[g];
-    if (round_p) {
+    if (round_p && !value_pairs) {  // value pairs: normalised as they are paired (`probability_pairs`)
       const v8f norm = splat(total[g]);
       for (int64_t s = begin; s < end; s += 8) store8(l + s, round_bf16(load8(l + s) / norm));
     }
@@ -217,7 +224,7 @@ void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool r
   // of 8 columns one per pass (`decode_attention.value_block`), or in slot pairs, then the token's own term
 #if defined(__AVX512BF16__)
   if (value_pairs) {  // round_p: the probabilities are bf16 values already
-    for (int g = 0; g < G; ++g) probability_pairs(probs + g * W, begin / 2, end / 2, pairs + g * (W / 2));
+    for (int g = 0; g < G; ++g) probability_pairs(probs + g * W, total[g], begin / 2, end / 2, pairs + g * (W / 2));
     const uint32_t* values = static_cast<const uint32_t*>(h.v_window);
     int64_t c0 = 0;  // four blocks (64 columns) per pass where G x 4 accumulators fit the 32 registers, else two
     for (; G <= 4 && c0 + 64 <= D; c0 += 64)
