@@ -81,9 +81,9 @@ void probs_times_values(const float* probs, const T* block0, int64_t W, int64_t 
 }
 
 #if defined(__AVX512BF16__)
-// probs[g, s] += sum_j qp[g, j] . k[j, s] over NP key rows of pairs (k0: row 0 of them, rows W apart) for s in
-// [begin, end): 16 slots per vector (the last 8 masked when the stretch ends there), NP streams at once, two
-// accumulator chains per query row. qp: q's pairs, [G, half].
+// probs[g, s] += sum_j qp[g, j] . k[j, s] (= on the FIRST pass) over NP key rows of pairs (k0: row 0 of them, rows
+// W apart) for s in [begin, end): 16 slots per vector (the last 8 masked when the stretch ends there), NP streams
+// at once, two accumulator chains per query row. qp: q's pairs, [G, half].
 template <int G, int NP, bool FIRST>
 inline void logits_pass(const uint32_t* qp, int64_t half, const uint32_t* k0, int64_t W, int64_t begin, int64_t end,
                         float* probs) {
@@ -93,7 +93,8 @@ inline void logits_pass(const uint32_t* qp, int64_t half, const uint32_t* k0, in
     for (int j = 0; j < NP; ++j)
       a[j] = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi32(m, k0 + j * W + s));
     for (int g = 0; g < G; ++g) {
-      __m512 even = FIRST ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, probs + g * W + s), odd = _mm512_setzero_ps();
+      __m512 even = FIRST ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, probs + g * W + s);
+      __m512 odd = _mm512_setzero_ps();
       for (int j = 0; j < NP; j += 2) {
         even = _mm512_dpbf16_ps(even, a[j], reinterpret_cast<__m512bh>(_mm512_set1_epi32(int32_t(qp[g * half + j]))));
         odd = _mm512_dpbf16_ps(odd, a[j + 1],
@@ -117,9 +118,10 @@ void paired_logits(const float* q, const uint32_t* kw, int64_t D, int64_t W, int
   for (int g = 0; g < G; ++g)
     for (int64_t i = 0; i < half; ++i)
       qp[g * half + i] = bf16_bits(q[g * D + 2 * i]) | bf16_bits(q[g * D + 2 * i + 1]) << 16;
-  int64_t i = 0;  // the first pass writes the logits, the others add to them
-  if (half >= 8) logits_pass<G, 8, true>(qp.data(), half, kw, W, begin, end, probs), i = 8;
-  else logits_pass<G, 4, true>(qp.data(), half, kw, W, begin, end, probs), i = 4;
+  // the first pass writes the logits (no pass to zero them first), the others add to them
+  int64_t i = half >= 8 ? 8 : 4;
+  if (i == 8) logits_pass<G, 8, true>(qp.data(), half, kw, W, begin, end, probs);
+  else logits_pass<G, 4, true>(qp.data(), half, kw, W, begin, end, probs);
   for (; i + 8 <= half; i += 8) logits_pass<G, 8, false>(qp.data() + i, half, kw + i * W, W, begin, end, probs);
   if (i < half) logits_pass<G, 4, false>(qp.data() + i, half, kw + i * W, W, begin, end, probs);
 }
@@ -223,7 +225,7 @@ void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool r
   // out = P V over the window: values in blocks of CB = 16 columns read two blocks (32 columns) per pass, or
   // of 8 columns one per pass (`decode_attention.value_block`), or in slot pairs, then the token's own term
 #if defined(__AVX512BF16__)
-  if (value_pairs) {  // round_p: the probabilities are bf16 values already
+  if (value_pairs) {  // round_p: `probability_pairs` normalises the probabilities and rounds them to bf16
     for (int g = 0; g < G; ++g) probability_pairs(probs + g * W, total[g], begin / 2, end / 2, pairs + g * (W / 2));
     const uint32_t* values = static_cast<const uint32_t*>(h.v_window);
     int64_t c0 = 0;  // four blocks (64 columns) per pass where G x 4 accumulators fit the 32 registers, else two

@@ -21,10 +21,10 @@
 // Two more steps for the pairs: x's pairs are laid out once per call as [K / 2, M] (a k step's R broadcasts
 // read one 32-byte stretch; from x's rows they were R cache lines K apart, which the weights streaming through
 // L1 kept evicting: the down projection, K = 1,536, ran at half the others' rate), and blocks of 32 or 48
-// columns (`native.column_block(..., pairs=True)`) run 512-bit vdpbf16ps, 16 columns a vector: at batch 8 the
-// tile is bound by that instruction (one 256-bit vdpbf16ps a cycle per core here, the 512-bit form a little
-// more per column). SmolLM2's 30 layers and head at batch 8, bf16, medians of 9, alternated: 13.2-14.1 ->
-// 11.6-12.4 ms (x pairs) -> 10.2-10.5 ms (and 512-bit tiles), batch 1 8.9 -> 8.1 ms.
+// columns (`native.column_block(..., pairs=True)`) run 512-bit vdpbf16ps, 16 columns a vector (half the
+// instructions per column of the 256-bit form). SmolLM2's 30 layers and head at batch 8, bf16, medians of 9,
+// alternated: 13.2-14.1 -> 11.6-12.4 ms (x pairs) -> 10.2-10.5 ms (and 512-bit tiles: 25-27 GB/s of weights),
+// batch 1 8.9 -> 8.1 ms (docs/performance.md, "The bf16 decode step at batch 8").
 #include <type_traits>
 #include <vector>
 
