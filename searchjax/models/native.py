@@ -188,8 +188,9 @@ def pack_columns(w: jax.Array) -> jax.Array:
     vdpbf16ps lane multiplies by x[2k] and x[2k + 1]. A copy: made once per decode launch, with the per-layer
     weights."""
     K, N = w.shape
-    block = column_block(N, pairs=_paired(w.dtype, K))
-    if _paired(w.dtype, K):
+    paired = _paired(w.dtype, K)
+    block = column_block(N, pairs=paired)
+    if paired:
         return w.reshape(K // 2, 2, N // block, block).transpose(2, 0, 3, 1).reshape(N // block, K, block)
     return w.reshape(K, N // block, block).transpose(1, 0, 2)
 

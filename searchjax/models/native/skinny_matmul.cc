@@ -64,20 +64,18 @@ inline void tile(const float* x, const T* block, float* y, int64_t K, int64_t N,
 // x's bf16 pairs as xp [K / 2, M] (`run`): vdpbf16ps on V = 8 (256-bit, AVX-512 VL) or 16 (512-bit) lanes, NV / (V
 // / 8) vectors a row, R rows of accumulators (up to 8: 24 + 3 weight vectors + 1 broadcast of AVX-512's 32
 // registers), the k pairs taken from STREAMS stretches as above.
-template <int V> struct PairLanes;  // V lanes of vdpbf16ps: acc += w . (x's pair in every lane)
+template <int V> struct PairLanes;  // V lanes of vdpbf16ps: acc += w . xb (xb: x's pair in every lane)
 template <> struct PairLanes<8> {
   typedef __m256 Acc;
   typedef __m256bh Pairs;
-  static Acc dot(Acc acc, Pairs w, uint32_t x) {
-    return _mm256_dpbf16_ps(acc, w, reinterpret_cast<__m256bh>(_mm256_set1_epi32(int32_t(x))));
-  }
+  static Pairs broadcast(uint32_t x) { return reinterpret_cast<__m256bh>(_mm256_set1_epi32(int32_t(x))); }
+  static Acc dot(Acc acc, Pairs w, Pairs xb) { return _mm256_dpbf16_ps(acc, w, xb); }
 };
 template <> struct PairLanes<16> {
   typedef __m512 Acc;
   typedef __m512bh Pairs;
-  static Acc dot(Acc acc, Pairs w, uint32_t x) {
-    return _mm512_dpbf16_ps(acc, w, reinterpret_cast<__m512bh>(_mm512_set1_epi32(int32_t(x))));
-  }
+  static Pairs broadcast(uint32_t x) { return reinterpret_cast<__m512bh>(_mm512_set1_epi32(int32_t(x))); }
+  static Acc dot(Acc acc, Pairs w, Pairs xb) { return _mm512_dpbf16_ps(acc, w, xb); }
 };
 
 template <int R, int NV, int V>
@@ -93,8 +91,8 @@ inline void pair_tile(const uint32_t* xp, const uint16_t* block, float* y, int64
     for (int j = 0; j < NW; ++j) std::memcpy(&w[j], block + (kp * NV * 8 + V * j) * 2, sizeof w[j]);
     const uint32_t* xk = xp + kp * M + m0;
     for (int r = 0; r < R; ++r) {
-      const uint32_t x = xk[r];  // one broadcast, used by the NW products of the row
-      for (int j = 0; j < NW; ++j) acc[r][j] = Lanes::dot(acc[r][j], w[j], x);
+      const typename Lanes::Pairs xb = Lanes::broadcast(xk[r]);  // once, for the NW products of the row
+      for (int j = 0; j < NW; ++j) acc[r][j] = Lanes::dot(acc[r][j], w[j], xb);
     }
   };
   const int64_t pairs = K / 2, stretch = pairs / STREAMS;
