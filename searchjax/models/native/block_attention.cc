@@ -240,21 +240,72 @@ inline void dot_values(const DotTask& t, int64_t JP, int64_t d0, int64_t r0) {
     for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc + (d0 + c) * R + r0 + 16 * i, a[i][c]);
 }
 
+// Word indices that interleave the first (low) or last (high) 16 words of a with those of b (b's at 32 + i):
+// (a[i], b[i]) pairs as 32-bit lanes, a in the low half.
+inline __m512i interleave_low() {
+  return _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                          39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+}
+inline __m512i interleave_high() { return _mm512_add_epi16(interleave_low(), _mm512_set1_epi16(16)); }
+
+// The bf16 pairs (bf16(lo[i]) low, bf16(hi[i]) high) of two vectors of probabilities: one conversion of both
+// (vcvtne2ps2bf16, round to nearest even as `round_bf16`; the normal values a softmax gives, e^-87 and up), then
+// lo's and hi's words interleaved.
+inline __m512i bf16_pairs(__m512 lo, __m512 hi) {
+  const __m512i words = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));  // lo's 16 words, then hi's
+  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                         23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(order, words);
+}
+
+// The dot form's online softmax over one key block's J logits (J even), 16 rows per vector: new maxima, the
+// running sums and the accumulator rescaled, and each slot pair's probabilities exp(L - m) rounded to bf16 and
+// paired straight into p2 (the values the f32-FMA form's `online_softmax` writes over the logits, summed in the
+// same order; one pass over the logits fewer, twice the lanes per exp).
+void dot_softmax_pairs(const DotTask& t, int64_t J) {
+  const int64_t R = t.rows.R;  // a multiple of 16
+  for (int64_t r = 0; r < R; r += 16) {
+    const v16f old_peak = load16(t.rows.m + r);
+    v16f peak = old_peak;
+    for (int64_t j = 0; j < J; ++j) {
+      const v16f x = load16(t.rows.logits + j * R + r);
+      peak = x > peak ? x : peak;
+    }
+    const v16f correction = exp_nonpositive(old_peak - peak);
+    v16f sum = load16(t.rows.l + r) * correction;
+    for (int64_t jp = 0; jp < J / 2; ++jp) {
+      const v16f p0 = exp_nonpositive(load16(t.rows.logits + 2 * jp * R + r) - peak);
+      const v16f p1 = exp_nonpositive(load16(t.rows.logits + (2 * jp + 1) * R + r) - peak);
+      sum += p0;  // the unrounded sum normalises (FlashAttention-2's rowsum of P in f32)
+      sum += p1;
+      _mm512_storeu_si512(t.p2 + jp * R + r, bf16_pairs(p0, p1));
+    }
+    store16(t.rows.m + r, peak);
+    store16(t.rows.l + r, sum);
+    bool unchanged = true;  // once the rows' maxima settle (most blocks), the accumulator needs no rescaling
+    for (int i = 0; i < 16; ++i) unchanged &= correction[i] == 1.f;
+    if (!unchanged)
+      for (int64_t d = 0; d < t.rows.D; ++d)
+        store16(t.rows.acc + d * R + r, load16(t.rows.acc + d * R + r) * correction);
+  }
+}
+
 void dot_key_block(DotTask& t, int64_t s0, int64_t J) {  // J <= KB slots from s0, a multiple of 4
   const int64_t R = t.rows.R, D = t.rows.D;
   // 4 row vectors x 4 slots of accumulators + 4 row vectors + 1 broadcast: 21 of AVX-512's 32 registers
   for (int64_t j0 = 0; j0 < J; j0 += 4)
     over_rows<4>(R, 16, [&](auto rv, int64_t r0) { dot_logits<decltype(rv)::value>(t, s0, j0, r0); });
   if (needs_mask(t.rows, s0, J)) mask_logits(t.rows, s0, J);
-  online_softmax(t.rows, J, /*round_p=*/true);  // bf16 values: their top halves are the pairs' elements
+  dot_softmax_pairs(t, J);
   for (int64_t jp = 0; jp < J / 2; ++jp) {
-    const float* p0 = t.rows.logits + 2 * jp * R;
-    for (int64_t r = 0; r < R; r += 8) {
-      const v8u pair = (bits(load8(p0 + r)) >> 16) | bits(load8(p0 + R + r));
-      std::memcpy(t.p2 + jp * R + r, &pair, sizeof pair);
-    }
     const uint16_t* v0 = t.v + (s0 + 2 * jp) * t.KD;
-    for (int64_t d = 0; d < D; ++d) t.v2[jp * D + d] = uint32_t(v0[d]) | uint32_t(v0[t.KD + d]) << 16;
+    int64_t d = 0;
+    for (; d + 32 <= D; d += 32) {  // two slots' 32 columns interleaved by two word permutes
+      const __m512i a = _mm512_loadu_si512(v0 + d), b = _mm512_loadu_si512(v0 + t.KD + d);
+      _mm512_storeu_si512(t.v2 + jp * D + d, _mm512_permutex2var_epi16(a, interleave_low(), b));
+      _mm512_storeu_si512(t.v2 + jp * D + d + 16, _mm512_permutex2var_epi16(a, interleave_high(), b));
+    }
+    for (; d < D; ++d) t.v2[jp * D + d] = uint32_t(v0[d]) | uint32_t(v0[t.KD + d]) << 16;
   }
   for (int64_t d0 = 0; d0 < D; d0 += 4)
     over_rows<4>(R, 16, [&](auto rv, int64_t r0) { dot_values<decltype(rv)::value>(t, J / 2, d0, r0); });

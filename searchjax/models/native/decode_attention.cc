@@ -50,6 +50,58 @@ inline v8i visible8(const bool* v) {
 #endif
 }
 
+#if defined(__AVX512F__)
+typedef int32_t v16i __attribute__((vector_size(64)));
+inline v16i visible16(const bool* v) {
+  return reinterpret_cast<v16i>(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v))));
+}
+#endif
+
+// The largest of the logits l[s] over the visible slots s in [begin, end) (a stretch of whole 8-slot groups):
+// 16 slots per vector where the build has AVX-512, then 8.
+inline float visible_max(const float* l, const bool* visible, int64_t begin, int64_t end) {
+  v8f peak = splat(-3.4e38f);
+  int64_t s = begin;
+#if defined(__AVX512F__)
+  v16f wide = v16f{} - 3.4e38f;
+  for (; s + 16 <= end; s += 16) {
+    const v16f x = load16(l + s);
+    wide = (x > wide) & (visible16(visible + s) != 0) ? x : wide;
+  }
+  const v8f low = __builtin_shufflevector(wide, wide, 0, 1, 2, 3, 4, 5, 6, 7);
+  const v8f high = __builtin_shufflevector(wide, wide, 8, 9, 10, 11, 12, 13, 14, 15);
+  peak = low > high ? low : high;
+#endif
+  for (; s < end; s += 8) {
+    const v8f x = load8(l + s);
+    peak = (x > peak) & (visible8(visible + s) != 0) ? x : peak;
+  }
+  return lane_max(peak);
+}
+
+// l[s] = exp(l[s] scale - m) for the visible slots s in [begin, end), 0 for the hidden ones; returns their sum
+// by lanes, slot s in lane s % 8, added in slot order (16 slots per exponential where the build has AVX-512,
+// each half added as the 8-slot loop adds it: the same sum to the bit).
+inline v8f exponentials(float* l, const bool* visible, int64_t begin, int64_t end, float scale, v8f m) {
+  v8f z = splat(0.f);
+  int64_t s = begin;
+#if defined(__AVX512F__)
+  const v16f m16 = v16f{} + m[0];
+  for (; s + 16 <= end; s += 16) {
+    const v16f p = visible16(visible + s) != 0 ? exp_nonpositive(load16(l + s) * scale - m16) : v16f{};
+    z += __builtin_shufflevector(p, p, 0, 1, 2, 3, 4, 5, 6, 7);
+    z += __builtin_shufflevector(p, p, 8, 9, 10, 11, 12, 13, 14, 15);
+    store16(l + s, p);
+  }
+#endif
+  for (; s < end; s += 8) {
+    const v8f p = visible8(visible + s) != 0 ? exp_nonpositive(load8(l + s) * splat(scale) - m) : splat(0.f);
+    z += p;
+    store8(l + s, p);
+  }
+  return z;
+}
+
 struct Head {  // one (row, kv head)
   const float* q;       // [G, D]
   const float* k_new;   // [D]
@@ -151,11 +203,18 @@ void paired_probs_times_values(const uint32_t* pairs, const uint32_t* block0, in
 
 // pairs[j] = the bf16 bits of probs[2j] / total (low half) and probs[2j + 1] / total (high half) for j in [begin,
 // end), each quotient rounded to bf16 as the bf16 model rounds its probabilities: the normalisation and the
-// pairing in one pass, four pairs per vector.
+// pairing in one pass. Eight pairs at a time are one conversion of 16 quotients (vcvtneps2bf16: round to nearest
+// even, as `round_bf16`, but a subnormal quotient reads as 0: a weight under 2^-126 that no f32 sum in P V can
+// register beside the largest weight, at least 1 / (W + 1)), the rest four pairs per vector.
 inline void probability_pairs(const float* probs, float total, int64_t begin, int64_t end, uint32_t* pairs) {
   typedef uint32_t v4u __attribute__((vector_size(16)));
+  int64_t j = begin;
+  for (; j + 8 <= end; j += 8) {
+    const __m512 x = _mm512_div_ps(_mm512_loadu_ps(probs + 2 * j), _mm512_set1_ps(total));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + j), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(x)));
+  }
   const v8f norm = splat(total);
-  for (int64_t j = begin; j < end; j += 4) {
+  for (; j < end; j += 4) {
     const v8u u = bits(round_bf16(load8(probs + 2 * j) / norm));
     const v4u even = __builtin_shufflevector(u, u, 0, 2, 4, 6), odd = __builtin_shufflevector(u, u, 1, 3, 5, 7);
     const v4u out = (even >> 16) | (odd & 0xffff0000u);
@@ -203,18 +262,8 @@ void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool r
     float own_logit = 0.f;
     for (int64_t c = 0; c < D; ++c) own_logit += h.q[g * D + c] * h.k_new[c];
     own_logit *= scale;
-    v8f peak = splat(-3.4e38f);
-    for (int64_t s = begin; s < end; s += 8) {
-      const v8f x = load8(l + s);
-      peak = (x > peak) & (visible8(h.visible + s) != 0) ? x : peak;
-    }
-    const v8f m = splat(std::max(own_logit, lane_max(peak) * scale));
-    v8f z = splat(0.f);
-    for (int64_t s = begin; s < end; s += 8) {
-      const v8f p = visible8(h.visible + s) != 0 ? exp_nonpositive(load8(l + s) * splat(scale) - m) : splat(0.f);
-      z += p;
-      store8(l + s, p);
-    }
+    const v8f m = splat(std::max(own_logit, visible_max(l, h.visible, begin, end) * scale));
+    const v8f z = exponentials(l, h.visible, begin, end, scale, m);
     own[g] = exp_nonpositive(splat(own_logit) - m)[0];
     total[g] = lane_sum(z) + own[g];
     if (round_p && !value_pairs) {  // value pairs: normalised as they are paired (`probability_pairs`)

@@ -137,7 +137,7 @@ ffi::Error run(ffi::ThreadPool& pool, const X* x, const T* w, float* y, int64_t 
   constexpr int64_t NB = 8 * NV;
   const int64_t N = blocks * NB;
   // about 8 tasks per thread: small enough to balance, large enough that scheduling stays negligible
-  const int64_t per_task = std::max<int64_t>(1, blocks / (8 * (pool.num_threads() + 1)));
+  const int64_t per_task = std::max<int64_t>(1, blocks / (8 * workers(pool)));
   const int64_t tasks = (blocks + per_task - 1) / per_task;
   std::vector<uint32_t> x_pairs;  // bf16 x as [K / 2, M] pairs: a k step's rows side by side (`pair_tile`)
   if constexpr (std::is_same<X, uint16_t>::value) {
