@@ -70,28 +70,38 @@ void mask_logits(const Rows& t, int64_t s0, int64_t J) {
   }
 }
 
-// The online softmax over one key block's J logits: new maxima, the running sums and the accumulator rescaled,
-// the probabilities exp(L - m) written over the logits (rounded to bf16 values with round_p).
-void online_softmax(const Rows& t, int64_t J, bool round_p) {
-  for (int64_t r = 0; r < t.R; r += 8) {
-    v8f peak = load8(t.m + r);
+template <typename V> inline V load_lanes(const float* p) { V v; std::memcpy(&v, p, sizeof v); return v; }
+template <typename V> inline void store_lanes(float* p, V v) { std::memcpy(p, &v, sizeof v); }
+
+// The online softmax over one key block's J logits (J even), rows in vectors V of 8 or 16 lanes: new maxima, the
+// running sums and the accumulator rescaled, and the probabilities exp(L - m) of each slot pair (2 jp, 2 jp + 1)
+// handed to emit(jp, r, p0, p1), which puts them where the block's P V reads them.
+template <typename V, typename Emit>
+void online_softmax(const Rows& t, int64_t J, const Emit& emit) {
+  constexpr int lanes = sizeof(V) / sizeof(float);
+  for (int64_t r = 0; r < t.R; r += lanes) {
+    const V old_peak = load_lanes<V>(t.m + r);
+    V peak = old_peak;
     for (int64_t j = 0; j < J; ++j) {
-      const v8f x = load8(t.logits + j * t.R + r);
+      const V x = load_lanes<V>(t.logits + j * t.R + r);
       peak = x > peak ? x : peak;
     }
-    const v8f correction = exp_nonpositive(load8(t.m + r) - peak);
-    v8f sum = load8(t.l + r) * correction;
-    for (int64_t j = 0; j < J; ++j) {
-      const v8f p = exp_nonpositive(load8(t.logits + j * t.R + r) - peak);
-      store8(t.logits + j * t.R + r, round_p ? round_bf16(p) : p);
-      sum += p;  // the unrounded sum normalises (FlashAttention-2's rowsum of P in f32)
+    const V correction = exp_nonpositive(old_peak - peak);
+    V sum = load_lanes<V>(t.l + r) * correction;
+    for (int64_t jp = 0; jp < J / 2; ++jp) {
+      const V p0 = exp_nonpositive(load_lanes<V>(t.logits + 2 * jp * t.R + r) - peak);
+      const V p1 = exp_nonpositive(load_lanes<V>(t.logits + (2 * jp + 1) * t.R + r) - peak);
+      sum += p0;  // the unrounded sum normalises (FlashAttention-2's rowsum of P in f32)
+      sum += p1;
+      emit(jp, r, p0, p1);
     }
-    store8(t.m + r, peak);
-    store8(t.l + r, sum);
+    store_lanes(t.m + r, peak);
+    store_lanes(t.l + r, sum);
     bool unchanged = true;  // once the rows' maxima settle (most blocks), the accumulator needs no rescaling
-    for (int i = 0; i < 8; ++i) unchanged &= correction[i] == 1.f;
+    for (int i = 0; i < lanes; ++i) unchanged &= correction[i] == 1.f;
     if (!unchanged)
-      for (int64_t d = 0; d < t.D; ++d) store8(t.acc + d * t.R + r, load8(t.acc + d * t.R + r) * correction);
+      for (int64_t d = 0; d < t.D; ++d)
+        store_lanes(t.acc + d * t.R + r, load_lanes<V>(t.acc + d * t.R + r) * correction);
   }
 }
 
@@ -170,7 +180,11 @@ void key_block(Task<T>& t, int64_t s0, int64_t J, bool round_p) {  // J <= KB sl
   for (int64_t j0 = 0; j0 < J; j0 += 4)
     over_rows<3>(t.rows.R, 8, [&](auto rv, int64_t r0) { logits_tile<decltype(rv)::value, T>(t, s0, j0, r0); });
   if (needs_mask(t.rows, s0, J)) mask_logits(t.rows, s0, J);
-  online_softmax(t.rows, J, round_p);
+  online_softmax<v8f>(t.rows, J, [&](int64_t jp, int64_t r, v8f p0, v8f p1) {  // over the logits they came from
+    float* at = t.rows.logits + 2 * jp * t.rows.R + r;
+    store8(at, round_p ? round_bf16(p0) : p0);
+    store8(at + t.rows.R, round_p ? round_bf16(p1) : p1);
+  });
   for (int64_t d0 = 0; d0 < t.rows.D; d0 += 4)
     over_rows<3>(t.rows.R, 8, [&](auto rv, int64_t r0) { values_tile<decltype(rv)::value, T>(t, s0, J, d0, r0); });
 }
@@ -240,54 +254,15 @@ inline void dot_values(const DotTask& t, int64_t JP, int64_t d0, int64_t r0) {
     for (int c = 0; c < 4; ++c) _mm512_storeu_ps(acc + (d0 + c) * R + r0 + 16 * i, a[i][c]);
 }
 
-// Word indices that interleave the first (low) or last (high) 16 words of a with those of b (b's at 32 + i):
-// (a[i], b[i]) pairs as 32-bit lanes, a in the low half.
-inline __m512i interleave_low() {
-  return _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                          39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-}
-inline __m512i interleave_high() { return _mm512_add_epi16(interleave_low(), _mm512_set1_epi16(16)); }
-
-// The bf16 pairs (bf16(lo[i]) low, bf16(hi[i]) high) of two vectors of probabilities: one conversion of both
-// (vcvtne2ps2bf16, round to nearest even as `round_bf16`; the normal values a softmax gives, e^-87 and up), then
-// lo's and hi's words interleaved.
-inline __m512i bf16_pairs(__m512 lo, __m512 hi) {
-  const __m512i words = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));  // lo's 16 words, then hi's
-  const __m512i order = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                         23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  return _mm512_permutexvar_epi16(order, words);
-}
-
-// The dot form's online softmax over one key block's J logits (J even), 16 rows per vector: new maxima, the
-// running sums and the accumulator rescaled, and each slot pair's probabilities exp(L - m) rounded to bf16 and
-// paired straight into p2 (the values the f32-FMA form's `online_softmax` writes over the logits, summed in the
-// same order; one pass over the logits fewer, twice the lanes per exp).
-void dot_softmax_pairs(const DotTask& t, int64_t J) {
-  const int64_t R = t.rows.R;  // a multiple of 16
-  for (int64_t r = 0; r < R; r += 16) {
-    const v16f old_peak = load16(t.rows.m + r);
-    v16f peak = old_peak;
-    for (int64_t j = 0; j < J; ++j) {
-      const v16f x = load16(t.rows.logits + j * R + r);
-      peak = x > peak ? x : peak;
-    }
-    const v16f correction = exp_nonpositive(old_peak - peak);
-    v16f sum = load16(t.rows.l + r) * correction;
-    for (int64_t jp = 0; jp < J / 2; ++jp) {
-      const v16f p0 = exp_nonpositive(load16(t.rows.logits + 2 * jp * R + r) - peak);
-      const v16f p1 = exp_nonpositive(load16(t.rows.logits + (2 * jp + 1) * R + r) - peak);
-      sum += p0;  // the unrounded sum normalises (FlashAttention-2's rowsum of P in f32)
-      sum += p1;
-      _mm512_storeu_si512(t.p2 + jp * R + r, bf16_pairs(p0, p1));
-    }
-    store16(t.rows.m + r, peak);
-    store16(t.rows.l + r, sum);
-    bool unchanged = true;  // once the rows' maxima settle (most blocks), the accumulator needs no rescaling
-    for (int i = 0; i < 16; ++i) unchanged &= correction[i] == 1.f;
-    if (!unchanged)
-      for (int64_t d = 0; d < t.rows.D; ++d)
-        store16(t.rows.acc + d * R + r, load16(t.rows.acc + d * R + r) * correction);
+// Word indices (first + i, second + i) for i = 0 .. 15, in that order: for a word permute, pairs of words i of two
+// 16-word stretches of its table as 32-bit lanes, the first stretch's word in the low half.
+inline __m512i interleaved_words(int first, int second) {
+  alignas(64) int16_t index[32];
+  for (int i = 0; i < 16; ++i) {
+    index[2 * i] = int16_t(first + i);
+    index[2 * i + 1] = int16_t(second + i);
   }
+  return _mm512_load_si512(index);
 }
 
 void dot_key_block(DotTask& t, int64_t s0, int64_t J) {  // J <= KB slots from s0, a multiple of 4
@@ -296,14 +271,22 @@ void dot_key_block(DotTask& t, int64_t s0, int64_t J) {  // J <= KB slots from s
   for (int64_t j0 = 0; j0 < J; j0 += 4)
     over_rows<4>(R, 16, [&](auto rv, int64_t r0) { dot_logits<decltype(rv)::value>(t, s0, j0, r0); });
   if (needs_mask(t.rows, s0, J)) mask_logits(t.rows, s0, J);
-  dot_softmax_pairs(t, J);
+  // The probabilities paired straight from the exponentials, 16 rows a vector (R is a multiple of 16): both
+  // rounded to bf16 by one vcvtne2ps2bf16 (to nearest even, as `round_bf16`, on the normal values exp gives: e^-87
+  // and up), then p0's and p1's words interleaved.
+  const __m512i probability_order = interleaved_words(0, 16);
+  online_softmax<v16f>(t.rows, J, [&](int64_t jp, int64_t r, v16f p0, v16f p1) {
+    const __m512i words = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0));  // p0's 16 words, then p1's
+    _mm512_storeu_si512(t.p2 + jp * R + r, _mm512_permutexvar_epi16(probability_order, words));
+  });
+  const __m512i low = interleaved_words(0, 32), high = interleaved_words(16, 48);
   for (int64_t jp = 0; jp < J / 2; ++jp) {
     const uint16_t* v0 = t.v + (s0 + 2 * jp) * t.KD;
     int64_t d = 0;
     for (; d + 32 <= D; d += 32) {  // two slots' 32 columns interleaved by two word permutes
       const __m512i a = _mm512_loadu_si512(v0 + d), b = _mm512_loadu_si512(v0 + t.KD + d);
-      _mm512_storeu_si512(t.v2 + jp * D + d, _mm512_permutex2var_epi16(a, interleave_low(), b));
-      _mm512_storeu_si512(t.v2 + jp * D + d + 16, _mm512_permutex2var_epi16(a, interleave_high(), b));
+      _mm512_storeu_si512(t.v2 + jp * D + d, _mm512_permutex2var_epi16(a, low, b));
+      _mm512_storeu_si512(t.v2 + jp * D + d + 16, _mm512_permutex2var_epi16(a, high, b));
     }
     for (; d < D; ++d) t.v2[jp * D + d] = uint32_t(v0[d]) | uint32_t(v0[t.KD + d]) << 16;
   }
