@@ -70,9 +70,6 @@ void mask_logits(const Rows& t, int64_t s0, int64_t J) {
   }
 }
 
-template <typename V> inline V load_lanes(const float* p) { V v; std::memcpy(&v, p, sizeof v); return v; }
-template <typename V> inline void store_lanes(float* p, V v) { std::memcpy(p, &v, sizeof v); }
-
 // The online softmax over one key block's J logits (J even), rows in vectors V of 8 or 16 lanes: new maxima, the
 // running sums and the accumulator rescaled, and the probabilities exp(L - m) of each slot pair (2 jp, 2 jp + 1)
 // handed to emit(jp, r, p0, p1), which puts them where the block's P V reads them.

@@ -40,10 +40,11 @@ inline v8f load8(const uint16_t* p) {  // bf16 -> f32 is exact: the bf16 bits ar
 #endif
 }
 inline void store8(float* p, v8f v) { std::memcpy(p, &v, sizeof v); }
+// Floats as a vector of any width V (v8f, or v16f where the build has AVX-512), for passes written once for both.
+template <typename V> inline V load_lanes(const float* p) { V v; std::memcpy(&v, p, sizeof v); return v; }
+template <typename V> inline void store_lanes(float* p, V v) { std::memcpy(p, &v, sizeof v); }
 #if defined(__AVX512F__)
-typedef float v16f __attribute__((vector_size(64)));  // AVX-512's 16 floats, for passes that need no 8-lane form
-inline v16f load16(const float* p) { v16f v; std::memcpy(&v, p, sizeof v); return v; }
-inline void store16(float* p, v16f v) { std::memcpy(p, &v, sizeof v); }
+typedef float v16f __attribute__((vector_size(64)));  // AVX-512's 16 floats
 #endif
 inline float load1(const float* p) { return *p; }
 inline float load1(const uint16_t* p) { const uint32_t u = uint32_t(*p) << 16; float f; std::memcpy(&f, &u, sizeof f); return f; }

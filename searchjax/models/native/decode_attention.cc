@@ -65,7 +65,7 @@ inline float visible_max(const float* l, const bool* visible, int64_t begin, int
 #if defined(__AVX512F__)
   v16f wide = v16f{} - 3.4e38f;
   for (; s + 16 <= end; s += 16) {
-    const v16f x = load16(l + s);
+    const v16f x = load_lanes<v16f>(l + s);
     wide = (x > wide) & (visible16(visible + s) != 0) ? x : wide;
   }
   const v8f low = __builtin_shufflevector(wide, wide, 0, 1, 2, 3, 4, 5, 6, 7);
@@ -88,10 +88,10 @@ inline v8f exponentials(float* l, const bool* visible, int64_t begin, int64_t en
 #if defined(__AVX512F__)
   const v16f m16 = v16f{} + m[0];
   for (; s + 16 <= end; s += 16) {
-    const v16f p = visible16(visible + s) != 0 ? exp_nonpositive(load16(l + s) * scale - m16) : v16f{};
+    const v16f p = visible16(visible + s) != 0 ? exp_nonpositive(load_lanes<v16f>(l + s) * scale - m16) : v16f{};
     z += __builtin_shufflevector(p, p, 0, 1, 2, 3, 4, 5, 6, 7);
     z += __builtin_shufflevector(p, p, 8, 9, 10, 11, 12, 13, 14, 15);
-    store16(l + s, p);
+    store_lanes(l + s, p);
   }
 #endif
   for (; s < end; s += 8) {
