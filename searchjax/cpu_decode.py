@@ -26,27 +26,34 @@ from searchjax.models.kernels import matmul, swiglu, update_slice, update_slice_
 def layer_weights(params, config, pack: bool = False) -> list:
     """params["layers"] (stacked [L, ...]) as L per-layer trees in the compute dtype, made once per decode launch,
     before its loop (every layer weight is used in the compute dtype, so the cast changes no result). With
-    `pack`, each projection's matrix is in `native.pack_columns`' form instead ([N / NB, K, NB], q/k/v as
-    [H, heads x D], o_proj as [heads x D, H]) for the skinny-matmul kernel (`packed_decode`).
+    `pack`, the projections' matrices are in `native.pack_columns`' form instead ([N / NB, K, NB]) for the
+    skinny-matmul kernel (`packed_decode`): attn["qkv_packed"] is q, k and v side by side ([H, (N + 2K) x D]),
+    mlp["gate_up_packed"] gate and up ([H, 2I]), each one kernel call where there were three and two (every
+    output column is its own dot product, so side by side changes no value), and o_proj ([heads x D, H]) and
+    down_proj keep their names. The projections' biases stay where they are.
 
     Why: XLA:CPU cannot hand a dot a slice of a bigger buffer, so a step that slices layer i's weights out of
     the stacked tree (a scan over layers) copies every weight before using it: each step then reads the
     weights twice and writes them once (and with float32 storage and bfloat16 compute, converts them too).
     Made outside the loop, the copies cost one more set of layer weights in memory while decoding, once per
-    call, and every step reads each weight once. Packing is the same copy in another order."""
+    call, and every step reads each weight once. Packing is the same copy in another order. Fewer, wider
+    calls: a call costs its dispatch and a wake-up of the pool's other thread, and at batch 8 the k and v
+    products read 0.2 MB each (~6 us at 37 GB/s): SmolLM2's 211 calls a step became 121, and its bf16 step at
+    batch 8 over 2,000 slots went from 26.0-26.9 to 24.7-25.1 ms on a 2-core AMD EPYC, with bitwise the same
+    logits (`docs/performance.md`, "Fewer kernel calls a step")."""
     dt = config.compute_dtype
     layers = [jax.tree.map(lambda w: w[i].astype(dt), params["layers"]) for i in range(config.num_layers)]
     if not pack:
         return layers
     for layer in layers:
-        attn = layer["attn"]
-        for name in ("q_proj", "k_proj", "v_proj"):
-            kernel = attn[name]["kernel"]  # [H, heads, D]
-            attn[name] = {**attn[name], "kernel": native.pack_columns(kernel.reshape(kernel.shape[0], -1))}
+        attn, mlp = layer["attn"], layer["mlp"]
+        qkv = [attn[name].pop("kernel") for name in ("q_proj", "k_proj", "v_proj")]  # [H, heads, D] each
+        attn["qkv_packed"] = native.pack_columns(jnp.concatenate([w.reshape(w.shape[0], -1) for w in qkv], axis=1))
         kernel = attn["o_proj"]["kernel"]  # [heads, D, H]
         attn["o_proj"] = {**attn["o_proj"], "kernel": native.pack_columns(kernel.reshape(-1, kernel.shape[-1]))}
-        layer["mlp"] = {name: {**leaf, "kernel": native.pack_columns(leaf["kernel"])} if name.endswith("_proj")
-                        else leaf for name, leaf in layer["mlp"].items()}
+        gate_up = [mlp.pop(name)["kernel"] for name in ("gate_proj", "up_proj")]  # [H, I] each
+        mlp["gate_up_packed"] = native.pack_columns(jnp.concatenate(gate_up, axis=1))
+        mlp["down_proj"] = {**mlp["down_proj"], "kernel": native.pack_columns(mlp["down_proj"]["kernel"])}
     return layers
 
 
@@ -191,15 +198,16 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
     def norm(scale_params, h, axis="embed"):
         return transformer.RMSNorm(eps, axis, config.weight_dtype).apply({"params": scale_params}, h)
 
-    def project(name, h, heads):
-        if packed:
-            y = native.skinny_matmul(h[:, 0].astype(dt), attn[name]["kernel"]).reshape(h.shape[0], 1, heads, D)
-        else:
-            y = matmul("bth,hnd->btnd", h.astype(dt), attn[name]["kernel"].astype(dt))
-        return y + attn[name]["bias"].astype(dt) if config.qkv_bias else y
-
     h = norm(weights["attn_norm"], x)
-    q, k, v = project("q_proj", h, N), project("k_proj", h, K), project("v_proj", h, K)  # [B, 1, N | K, D]
+    if packed:  # q, k and v side by side in one product (`layer_weights`)
+        y = native.skinny_matmul(h[:, 0].astype(dt), attn["qkv_packed"])
+        ys = y[:, :N * D], y[:, N * D:(N + K) * D], y[:, (N + K) * D:]
+    else:
+        ys = tuple(matmul("bth,hnd->btnd", h.astype(dt), attn[name]["kernel"].astype(dt))
+                   for name in ("q_proj", "k_proj", "v_proj"))
+    q, k, v = (y.reshape(h.shape[0], 1, heads, D) + attn[name]["bias"].astype(dt) if config.qkv_bias
+               else y.reshape(h.shape[0], 1, heads, D)
+               for y, heads, name in zip(ys, (N, K, K), ("q_proj", "k_proj", "v_proj")))  # [B, 1, N | K, D]
     if config.qk_norm:
         q, k = norm(attn["q_norm"], q, "head_dim"), norm(attn["k_norm"], k, "head_dim")
     q, k = transformer.apply_rope(q, cos, sin), transformer.apply_rope(k, cos, sin)
@@ -229,7 +237,8 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
     if packed:  # swiglu's maths and casts, each product through the kernel
         x = x + native.skinny_matmul(out.reshape(out.shape[0], N * D), attn["o_proj"]["kernel"])[:, None]
         h = norm(weights["mlp_norm"], x).astype(dt)[:, 0]
-        gate, up = (native.skinny_matmul(h, mlp[name]["kernel"]) for name in ("gate_proj", "up_proj"))
+        gate_up = native.skinny_matmul(h, mlp["gate_up_packed"])
+        gate, up = gate_up[:, :config.intermediate_size], gate_up[:, config.intermediate_size:]
         x = x + native.skinny_matmul(jax.nn.silu(gate) * up, mlp["down_proj"]["kernel"])[:, None]
         return x, k_window, v_window
     # as one [B, N * D] x [N * D, H] product: with the two contracted axes (n, d) XLA:CPU chose to transpose the

@@ -40,12 +40,14 @@ Goal: ours >= 3x transformers. `--quick` runs QUICK_ROWS rows with the same budg
 
 A third side, "ours_jnp", is ours with the CPU kernels off (`SEARCHJAX_NATIVE=0`: XLA's own decode attention
 and products, `searchjax.models.native`), alternated with the other two, so the kernels' share of a rollout is
-measured side by side on the same host (`kernels_speedup` = ours_jnp / ours).
+measured side by side on the same host (`kernels_speedup` = ours_jnp / ours), where the host has the memory for
+its float32 windows beside the other two sides (`kernels_off_fits`; else its column says why it was left out).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import tempfile
 import time
@@ -272,6 +274,24 @@ def _transformers_side(dtype: str, s: Script, model_name: str, device: str):
     return run, {"threads": threads, "device": device}
 
 
+# The kernels-off side holds its decode windows in float32 (`cpu_decode.CPU_WINDOW_DTYPE`). At 32 rows (SmolLM2,
+# 6,144 slots: 9.1 GB of windows) its process peaked at 20.9 GB and was killed by the kernel in its second rollout
+# on a 2-core EPYC with 25.3 GB, the three processes together having reached 24.6 GB (2026-12-05). It runs where
+# KERNELS_OFF_PEAK times its windows fit in MEMORY_SHARE of the host's memory: at 8 rows here, at 32 from ~30 GB.
+KERNELS_OFF_PEAK, MEMORY_SHARE = 3, 0.9
+
+
+def kernels_off_window_bytes(config, rows: int) -> int:
+    """Bytes of the kernels-off side's float32 decode windows over the whole cache: rows x CACHE_LEN slots x
+    layers x kv heads x head dim x 2 (keys, values) x 4."""
+    return rows * CACHE_LEN * config.num_layers * config.num_kv_heads * config.head_dim * 2 * 4
+
+
+def kernels_off_fits(window_bytes: int, memory_bytes: int) -> bool:
+    """Whether the kernels-off side runs beside the other two (`KERNELS_OFF_PEAK`)."""
+    return KERNELS_OFF_PEAK * window_bytes <= MEMORY_SHARE * memory_bytes
+
+
 def run(args: common.BenchArgs) -> list[dict]:
     rows = QUICK_ROWS if args.quick else ROWS
     tokenizer, retriever, prompts, passages = _inputs(rows // GROUP, args.model)
@@ -279,8 +299,19 @@ def run(args: common.BenchArgs) -> list[dict]:
     rounds = max(1, min(args.iters, 3))
     device = common.torch_device()
     sides = {"ours": (_ours_side, (args.dtype, s, args.model), common.ours_environ())}
+    kernels_off = None  # why the kernels-off side was left out, if it was
     if device == "cpu":  # the CPU kernels' share; on an accelerator they never run
-        sides["ours_jnp"] = (_ours_side, (args.dtype, s, args.model), common.ours_environ() | {"SEARCHJAX_NATIVE": "0"})
+        from searchjax.data import assets
+        from searchjax.models.checkpoint_io import pretrained_config
+        config, _ = pretrained_config(assets.resolve_model_path(args.model), dtype=args.dtype)
+        windows, memory = kernels_off_window_bytes(config, rows), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if kernels_off_fits(windows, memory):
+            sides["ours_jnp"] = (_ours_side, (args.dtype, s, args.model),
+                                 common.ours_environ() | {"SEARCHJAX_NATIVE": "0"})
+        else:
+            kernels_off = (f"left out: its f32 windows ({windows / 1e9:.1f} GB at {CACHE_LEN} slots) x "
+                           f"{KERNELS_OFF_PEAK} > {MEMORY_SHARE:.0%} of this host's {memory / 1e9:.1f} GB")
+            print(f"bench rollout: the kernels-off side {kernels_off}", file=sys.stderr, flush=True)
     sides["transformers"] = (_transformers_side, (args.dtype, s, args.model, device), common.torch_environ())
     timed = common.alternate(sides, rounds=rounds, warmup=args.warmup)
     ours, ours_jnp, reference = timed["ours"], timed.get("ours_jnp"), timed["transformers"]
@@ -289,7 +320,8 @@ def run(args: common.BenchArgs) -> list[dict]:
     fmt = lambda t: f"{t['median_s']:.4g} ({t['min_s']:.4g}-{t['max_s']:.4g})"  # noqa: E731
     return [{"case": f"rollout {len(s.turns)} rows x ({TURNS}+1) turns x {TURN_TOKENS}, top-{TOPK}, "
                      f"obs <= {OBS_TOKENS}", "dtype": args.dtype, "rounds": rounds,
-             "ours_s": fmt(ours), "ours_jnp_s": fmt(ours_jnp) if ours_jnp else None, "transformers_s": fmt(reference),
+             "ours_s": fmt(ours), "ours_jnp_s": fmt(ours_jnp) if ours_jnp else kernels_off,
+             "transformers_s": fmt(reference),
              "kernels_speedup": ours_jnp["median_s"] / ours["median_s"] if ours_jnp else None,
              "speedup": reference["median_s"] / ours["median_s"], "goal_3x_met": reference["median_s"] >= 3 * ours["median_s"],
              "generated_tokens": generated, "observation_tokens": observed,

@@ -377,27 +377,32 @@ def load_pretrained(path, *, dtype: str = "float32", param_dtype: Optional[str] 
     by `searchjax.models.param_shardings(config, mesh, rules)`, each shard read from its own file slice.
     progress: a tqdm bar while the weights are read.
     """
+    config, source = pretrained_config(path, dtype=dtype, param_dtype=param_dtype)
+    shardings = None
+    if mesh is not None:
+        from searchjax.models.sharded import param_shardings  # imported lazily: the mesh path is optional
+        shardings = param_shardings(config, mesh, rules)
+    return Transformer(config), load_params(source, config, shardings, progress=progress)
+
+
+def pretrained_config(path, *, dtype: str = "float32", param_dtype: Optional[str] = None) -> tuple:
+    """(ModelConfig, its weights' source) of an HF directory or a .gguf file (`load_pretrained`'s arguments), no
+    weight read: a GGUF's tensors stay memory-mapped, an HF directory's safetensors unopened."""
     from searchjax.runtime import resolve_dtype
     path = Path(path)
     dtype = resolve_dtype(dtype)
     param_dtype = resolve_dtype(param_dtype or dtype)
     if path.is_file() and path.suffix == ".gguf":
         from searchjax.models import gguf_io
-        config, source = gguf_io.read_gguf(path, dtype=dtype, param_dtype=param_dtype)
-    elif path.is_dir():
+        return gguf_io.read_gguf(path, dtype=dtype, param_dtype=param_dtype)
+    if path.is_dir():
         config_file = path / "config.json"
         if not config_file.exists():
             raise CheckpointError(f"{config_file}: not found (expected an HF model directory)")
         config = config_from_hf(json.loads(config_file.read_text()), source=str(config_file), dtype=dtype,
                                 param_dtype=param_dtype)
-        source = SafetensorsSource(path)
-    else:
-        raise CheckpointError(f"{path}: neither an HF model directory nor a .gguf file")
-    shardings = None
-    if mesh is not None:
-        from searchjax.models.sharded import param_shardings  # imported lazily: the mesh path is optional
-        shardings = param_shardings(config, mesh, rules)
-    return Transformer(config), load_params(source, config, shardings, progress=progress)
+        return config, SafetensorsSource(path)
+    raise CheckpointError(f"{path}: neither an HF model directory nor a .gguf file")
 
 
 # ---------------------------------------------------------------------------------------------------------------

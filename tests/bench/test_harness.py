@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from searchjax.bench import common, scoring
+from searchjax.bench import common, rollout, scoring
 from searchjax.models import presets
 
 
@@ -61,6 +61,18 @@ def test_scoring_flops_by_hand_for_smollm2():
     assert scoring.attention_share_lower_triangle(256) == pytest.approx(257 / 512)
     attention = L * 4 * B * T * T * N * D
     assert scoring.scoring_flops(config, B, T, 0.75) == pytest.approx(full - attention / 4)
+
+
+def test_rollout_kernels_off_side_by_its_windows_by_hand():
+    config = presets.get_preset("smollm2-135m")
+    # 30 layers x 3 kv heads x 64 x 2 (k, v) x 4 bytes = 46,080 a slot and row; x 6,144 slots
+    assert rollout.kernels_off_window_bytes(config, 32) == 32 * 6144 * 46_080 == 9_059_696_640
+    assert rollout.kernels_off_window_bytes(config, 8) == 2_264_924_160
+    host = 25.3e9  # the 2-core EPYC where 32 rows were killed: 3 x 9.06 GB > 0.9 x 25.3; 3 x 2.26 GB fits
+    assert not rollout.kernels_off_fits(9_059_696_640, host)
+    assert rollout.kernels_off_fits(2_264_924_160, host)
+    # 32 rows need 3 x 9.06 / 0.9 = 30.2 GB
+    assert rollout.kernels_off_fits(9_059_696_640, 30.3e9) and not rollout.kernels_off_fits(9_059_696_640, 30.1e9)
 
 
 def test_memory_bandwidths_agree_with_each_other(monkeypatch):
