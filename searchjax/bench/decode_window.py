@@ -114,6 +114,7 @@ def run(args: common.BenchArgs) -> list[dict]:
     from searchjax.data import assets
     from searchjax.generation import decode_window
     from searchjax.models import load_pretrained
+    from searchjax.roofline import kv_bytes
     model, params = load_pretrained(assets.smollm2_gguf(), dtype=args.dtype)
     config = model.config
     steps = 4 if args.quick else 16
@@ -127,8 +128,7 @@ def run(args: common.BenchArgs) -> list[dict]:
     for batch, filled in cases:
         cache = _filled_cache(config, batch, filled)
         window = decode_window(filled + steps, CACHE_LEN)
-        window_bytes = 2 * config.num_layers * batch * window * config.num_kv_heads * config.head_dim * \
-            jnp.dtype(config.compute_dtype).itemsize
+        window_bytes = kv_bytes(config, batch, window, jnp.dtype(config.compute_dtype).name)
         roofline_s = (weight_bytes + window_bytes) / bandwidth
         for name, former in (("current", False), ("former", True)):
             t = _step_seconds(model, params, cache, window, former, steps, iters)

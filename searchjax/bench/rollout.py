@@ -281,12 +281,6 @@ def _transformers_side(dtype: str, s: Script, model_name: str, device: str):
 KERNELS_OFF_PEAK, MEMORY_SHARE = 3, 0.9
 
 
-def kernels_off_window_bytes(config, rows: int) -> int:
-    """Bytes of the kernels-off side's float32 decode windows over the whole cache: rows x CACHE_LEN slots x
-    layers x kv heads x head dim x 2 (keys, values) x 4."""
-    return rows * CACHE_LEN * config.num_layers * config.num_kv_heads * config.head_dim * 2 * 4
-
-
 def kernels_off_fits(window_bytes: int, memory_bytes: int) -> bool:
     """Whether the kernels-off side runs beside the other two (`KERNELS_OFF_PEAK`)."""
     return KERNELS_OFF_PEAK * window_bytes <= MEMORY_SHARE * memory_bytes
@@ -303,8 +297,11 @@ def run(args: common.BenchArgs) -> list[dict]:
     if device == "cpu":  # the CPU kernels' share; on an accelerator they never run
         from searchjax.data import assets
         from searchjax.models.checkpoint_io import pretrained_config
+        from searchjax.roofline import kv_bytes
         config, _ = pretrained_config(assets.resolve_model_path(args.model), dtype=args.dtype)
-        windows, memory = kernels_off_window_bytes(config, rows), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        # the kernels-off side holds float32 windows over the whole cache
+        windows = kv_bytes(config, rows, CACHE_LEN, "float32")
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         if kernels_off_fits(windows, memory):
             sides["ours_jnp"] = (_ours_side, (args.dtype, s, args.model),
                                  common.ours_environ() | {"SEARCHJAX_NATIVE": "0"})

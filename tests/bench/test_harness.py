@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from searchjax import roofline
 from searchjax.bench import common, rollout, scoring
 from searchjax.models import presets
 
@@ -66,8 +67,9 @@ def test_scoring_flops_by_hand_for_smollm2():
 def test_rollout_kernels_off_side_by_its_windows_by_hand():
     config = presets.get_preset("smollm2-135m")
     # 30 layers x 3 kv heads x 64 x 2 (k, v) x 4 bytes = 46,080 a slot and row; x 6,144 slots
-    assert rollout.kernels_off_window_bytes(config, 32) == 32 * 6144 * 46_080 == 9_059_696_640
-    assert rollout.kernels_off_window_bytes(config, 8) == 2_264_924_160
+    # (the kernels-off side's f32 windows over the whole cache, as bench.rollout.run counts them)
+    assert roofline.kv_bytes(config, 32, rollout.CACHE_LEN, "float32") == 32 * 6144 * 46_080 == 9_059_696_640
+    assert roofline.kv_bytes(config, 8, rollout.CACHE_LEN, "float32") == 2_264_924_160
     host = 25.3e9  # the 2-core EPYC where 32 rows were killed: 3 x 9.06 GB > 0.9 x 25.3; 3 x 2.26 GB fits
     assert not rollout.kernels_off_fits(9_059_696_640, host)
     assert rollout.kernels_off_fits(2_264_924_160, host)
