@@ -111,7 +111,12 @@ def memory_bandwidths(megabytes: int = 512, iters: int = 5) -> dict[str, float]:
 def memory_bandwidth(megabytes: int = 512, iters: int = 5) -> float:
     """The host's streaming bandwidth in bytes/s for byte rooflines: the best of the jitted read, copy and
     triad of `memory_bandwidths` (a decode step mostly reads; the best kernel is the attainable ceiling)."""
-    measured = memory_bandwidths(megabytes, iters)
+    return roofline_bandwidth(memory_bandwidths(megabytes, iters))
+
+
+def roofline_bandwidth(measured: dict[str, float]) -> float:
+    """The rooflines' bandwidth from `memory_bandwidths`' readings: the best of the jitted read, copy and triad
+    (numpy's one-thread copy is a cross-check only)."""
     return max(measured["read"], measured["copy"], measured["triad"])
 
 

@@ -21,8 +21,8 @@ case) with the same per-call preparation as `decode_steps.decode_loop`; per-step
 Rows: step_ms per (step, batch, filled), and the figures the work is judged by:
   * long/short: step time with 2,000 filled slots over 100, batch 1 (goal <= 1.3).
   * roofline at batch 8, 2,000 filled: bytes a step must read (every weight once + the window's keys and
-    values, W slots) / `common.memory_bandwidth()` (a streaming read of this host); vs_roofline = measured /
-    that (goal <= 1.3).
+    values, W slots) / `common.roofline_bandwidth` (the best of this host's jitted read, copy and triad, each
+    reported in read_copy_triad_gb_s); vs_roofline = measured / that (goal <= 1.3).
   * short-window speed: former / current step time at batch 1, 100 filled (> 1: faster now).
 --quick: batch 1 only, 4 steps, 1 iteration (a smoke run of this file, not a measurement).
 
@@ -123,7 +123,10 @@ def run(args: common.BenchArgs) -> list[dict]:
     # step reads the whole window: its cost follows the window, not the filled slots)
     cases = [(1, 100), (1, 2000)] + ([] if args.quick else [(8, 2000), (8, 1100)])
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
-    bandwidth = common.memory_bandwidth()
+    measured = common.memory_bandwidths()
+    bandwidth = common.roofline_bandwidth(measured)
+    # the three readings beside the best: copy and triad moved by 1.5x between runs here, the read by ~6 %
+    readings = "/".join(f"{measured[name] / 1e9:.1f}" for name in ("read", "copy", "triad"))
     rows, times = [], {}
     for batch, filled in cases:
         cache = _filled_cache(config, batch, filled)
@@ -138,7 +141,8 @@ def run(args: common.BenchArgs) -> list[dict]:
                          "range_ms": f"{1e3 * t['min_s']:.3g}-{1e3 * t['max_s']:.3g}",
                          "first_call_s": t["first_call_s"], "roofline_ms": 1e3 * roofline_s,
                          "vs_roofline": t["median_s"] / roofline_s, "weight_mb": weight_bytes / 1e6,
-                         "window_mb": window_bytes / 1e6, "bandwidth_gb_s": bandwidth / 1e9})
+                         "window_mb": window_bytes / 1e6, "bandwidth_gb_s": bandwidth / 1e9,
+                         "read_copy_triad_gb_s": readings})
         del cache
     for name in ("current", "former"):
         rows.append({"case": "long/short b=1 (goal <= 1.3)", "step": name, "dtype": args.dtype,

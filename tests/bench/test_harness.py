@@ -93,6 +93,7 @@ def test_memory_bandwidths_agree_with_each_other(monkeypatch):
     monkeypatch.setattr(common, "memory_bandwidths",
                         lambda *a, **k: {"read": 20e9, "copy": 30e9, "triad": 25e9, "numpy_copy": 90e9})
     assert common.memory_bandwidth(megabytes=64, iters=3) == 30e9
+    assert common.roofline_bandwidth({"read": 41e9, "copy": 30e9, "triad": 25e9, "numpy_copy": 90e9}) == 41e9
 
 
 def test_ann_parameters_are_chosen_on_the_tuning_queries_only():
