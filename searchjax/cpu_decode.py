@@ -205,9 +205,12 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
     else:
         ys = tuple(matmul("bth,hnd->btnd", h.astype(dt), attn[name]["kernel"].astype(dt))
                    for name in ("q_proj", "k_proj", "v_proj"))
-    q, k, v = (y.reshape(h.shape[0], 1, heads, D) + attn[name]["bias"].astype(dt) if config.qkv_bias
-               else y.reshape(h.shape[0], 1, heads, D)
-               for y, heads, name in zip(ys, (N, K, K), ("q_proj", "k_proj", "v_proj")))  # [B, 1, N | K, D]
+
+    def split_heads(y, heads, name):  # [B, 1, heads, D], with the projection's bias where the model has one
+        y = y.reshape(h.shape[0], 1, heads, D)
+        return y + attn[name]["bias"].astype(dt) if config.qkv_bias else y
+
+    q, k, v = (split_heads(y, heads, name) for y, heads, name in zip(ys, (N, K, K), ("q_proj", "k_proj", "v_proj")))
     if config.qk_norm:
         q, k = norm(attn["q_norm"], q, "head_dim"), norm(attn["k_norm"], k, "head_dim")
     q, k = transformer.apply_rope(q, cos, sin), transformer.apply_rope(k, cos, sin)
