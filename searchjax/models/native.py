@@ -19,6 +19,10 @@ temporary file and renames it into place.
 A host without a C++ compiler, or a build that fails, gets a one-line warning and the jnp forms, which compute
 the same thing (`tests/models/test_native.py` and `test_decode_attention.py` check both against references).
 `SEARCHJAX_NATIVE=0` turns the kernels off (the benchmarks use it to time the jnp forms beside the kernels).
+
+On a CPU with AMX (Intel Sapphire Rapids and later) the bf16 products of the skinny matmul and of decode attention
+run on AMX's tiles (TDPBF16PS) where their operands fit whole tiles, the rest through AVX-512 BF16 as elsewhere
+(`amx_tiles`); `SEARCHJAX_AMX=0` keeps them on AVX-512.
 """
 
 from __future__ import annotations
@@ -174,6 +178,15 @@ def bf16_pairs() -> bool:
     CPU with AVX-512 BF16). Where it does, `pack_columns` pairs a bf16 weight's rows and `skinny_matmul` hands
     the kernel x in bf16."""
     return skinny_matmul_target() is not None and bool(_library("skinny_matmul.cc").SearchjaxSkinnyMatmulPairs())
+
+
+def amx_tiles() -> bool:
+    """Whether the kernels run their bf16 pair products on AMX's tiles (TDPBF16PS): a build with AMX-BF16 in a
+    process Linux lets use them, unless `SEARCHJAX_AMX=0`. The skinny matmul takes them for blocks of 32 or 48
+    columns with K a multiple of 32, decode attention for the whole 32-slot tiles of a window's visible stretch (its
+    ends by vdpbf16ps); the packed layouts are the same either way (`pack_columns`,
+    `decode_attention.KEY_PAIRS`)."""
+    return bf16_pairs() and bool(_library("skinny_matmul.cc").SearchjaxSkinnyMatmulAmx())
 
 
 def _paired(dtype, rows: int) -> bool:

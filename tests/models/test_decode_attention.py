@@ -151,6 +151,50 @@ def test_keys_paired_by_head_dims_are_the_bf16_window():
         np.testing.assert_array_equal(attend(dict(pairs, v_window=value_pairs), True), got)
 
 
+@pytest.mark.parametrize("K, G, D", [(3, 3, 64), (1, 8, 128), (2, 1, 32)])
+def test_paired_bf16_windows_on_amx_tiles_are_the_rounded_softmax(K, G, D):
+    """Paired keys with values in slot pairs (what a bf16 decode step hands the kernel on a CPU with AVX-512 BF16)
+    over a 256-slot window whose stretches start and end off the 32-slot tiles: on a CPU with AMX
+    (`native.amx_tiles`) the kernel runs the tiles' interior through TDPBF16PS and the ends through vdpbf16ps.
+    Within one bf16 step of the numpy softmax with rounded weights (as the vdpbf16ps form is held above), within
+    the order of f32 sums of the jnp form, and NaN keys and values outside each row's stretch are never read.
+    Rows: filled to 200, left-padded to 13, stopped at 100, and one of 20 slots inside one 32-slot tile (no
+    tile of its own: all by vdpbf16ps)."""
+    W = 256
+    inputs, visible = _inputs(11, K, G, D, W, 200)
+    visible[1, :13] = False
+    visible = np.concatenate([visible, np.zeros((1, W), bool)])
+    visible[3, 40:60] = True
+    inputs = {name: np.concatenate([value, value[:1]]) for name, value in inputs.items()}
+    clean = {name: jnp.asarray(value, jnp.bfloat16) for name, value in inputs.items()}  # the jnp form reads all
+    for b in range(len(visible)):
+        seen = np.flatnonzero(visible[b])
+        outside = np.ones(W, bool)
+        outside[seen[0] // 8 * 8:-(-(seen[-1] + 1) // 8) * 8] = False
+        inputs["k_window"][b][..., outside] = np.nan
+        inputs["v_window"][b][:, outside] = np.nan
+    args = {name: jnp.asarray(value, jnp.bfloat16) for name, value in inputs.items()}
+    bits = dict(args, **{name: to_window(args[name], WINDOW_BITS) for name in ("k_window", "v_window")})
+    tiles = dict(bits, k_window=to_key_window(args["k_window"], KEY_PAIRS),
+                 v_window=block_values(bits["v_window"], pairs=True))
+    attend = lambda a, flag: np.asarray(decode_attention(**a, visible=jnp.asarray(visible), scale=D ** -0.5,  # noqa: E731
+                                                         native=flag), np.float64)
+    exact = {name: np.asarray(value, np.float64) for name, value in args.items()}
+    want = _reference(**exact, visible=visible, scale=D ** -0.5, round_probs=True)
+    # a weight's bf16 rounding may go the other way than numpy's (f32 logits): up to 2^-8 of it, so the bound is
+    # 2^-7 of sum |w| |v| (with the result's own rounding); one bf16 step of `want` fails where terms cancel
+    size = _reference(**dict(exact, v_window=np.abs(exact["v_window"]), v_new=np.abs(exact["v_new"])),
+                      visible=visible, scale=D ** -0.5, round_probs=True)
+    assert np.isfinite(want).all()
+    got = attend(tiles, native.bf16_pairs())
+    assert np.isfinite(got).all()
+    assert np.all(np.abs(got - want) <= 2.0 ** -7 * size)
+    np.testing.assert_allclose(got, attend(clean, False), rtol=2 ** -7, atol=1e-6)
+    # against the kernel's vdpbf16ps form of the same key pairs (values unpaired, f32 FMAs in P V)
+    keys_only = dict(bits, k_window=tiles["k_window"])
+    np.testing.assert_allclose(got, attend(keys_only, native.bf16_pairs()), rtol=2 ** -7, atol=1e-6)
+
+
 def test_the_blocked_value_layout_gives_the_same_attention_in_both_forms():
     """`block_values` ([B, K, D / 16, W, 16], what `cpu_decode.split_cache` makes for the kernel) and [B, K, W, D]
     are the same values: each form converts the layout it does not read, and the results are bitwise equal."""

@@ -4,6 +4,7 @@ and its failure. (Decode attention's kernel: `test_decode_attention.py`; both in
 `tests/generation/test_decode_step.py`; the block-attention kernel: `test_block_attention.py`.)"""
 
 import logging
+import os
 
 import jax
 import jax.numpy as jnp
@@ -25,9 +26,14 @@ def test_pack_columns_puts_each_block_of_columns_in_one_contiguous_stretch():
 
 def test_bf16_weights_are_packed_in_row_pairs_where_the_build_multiplies_bf16_pairs():
     """On a CPU with AVX-512 BF16 (the build's -march=native gives it vdpbf16ps) a bf16 weight with even K is
-    packed as [N / NB, K / 2, NB, 2]; elsewhere, and for odd K or f32, in rows as above."""
+    packed as [N / NB, K / 2, NB, 2]; elsewhere, and for odd K or f32, in rows as above. On a CPU with AMX the
+    same packed pairs are what the kernel loads as AMX tiles (`native.amx_tiles`; the shapes below run there)."""
     flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
     assert native.bf16_pairs() == ("avx512_bf16" in flags)
+    # Linux grants AMX's tile state on request from 5.16 (arch_prctl ARCH_REQ_XCOMP_PERM)
+    release = tuple(int(part) for part in os.uname().release.split("-")[0].split(".")[:2])
+    amx_cpu = "avx512_bf16" in flags and "amx_bf16" in flags and "amx_tile" in flags
+    assert native.amx_tiles() == (amx_cpu and release >= (5, 16))
     w = (np.arange(6 * 48) % 256).astype(np.float32).reshape(6, 48)  # integers < 256: exact in bf16
     packed = np.asarray(native.pack_columns(jnp.asarray(w[:, :40], jnp.bfloat16)), np.float32)
     assert packed.shape == (5, 6, 8)  # 40 columns: blocks of 8 either way
@@ -47,9 +53,11 @@ def test_bf16_weights_are_packed_in_row_pairs_where_the_build_multiplies_bf16_pa
 # (rows, K, N): a decode step's batches (1-32 rows; 4-row tiles and the 1-3 rows left over, 8-row tiles of bf16
 # pairs and 1-7 left over) against blocks of 24, 16 and 8 columns, and of 48 and 32 for bf16 pairs (512-bit
 # tiles; 160 columns: 32); K = 43 and 5 leave k steps after the kernel's 8 stretches of K // 8 (all of them at
-# 5), and keep bf16 weights in rows (odd K: no pairs); K = 36 leaves pairs after the 8 stretches of the pairs
+# 5), and keep bf16 weights in rows (odd K: no pairs); K = 36 leaves pairs after the 8 stretches of the pairs.
+# On a CPU with AMX, bf16 pairs in blocks of 32 or 48 columns with K a multiple of 32 run as tiles of up to 16
+# rows: (2, 64, 48), (8, 576, 192), (32, 96, 1536) (two groups of 16), (11, 1536, 96), (17, 64, 32) (16 + 1).
 SHAPES = [(1, 40, 24), (2, 64, 48), (3, 43, 32), (5, 24, 40), (4, 5, 16), (8, 576, 192), (13, 64, 24),
-          (32, 96, 1536), (6, 36, 160), (11, 1536, 96)]
+          (32, 96, 1536), (6, 36, 160), (11, 1536, 96), (17, 64, 32)]
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

@@ -18,7 +18,9 @@
 // bound q k^T over a bf16 window by its instructions (`paired_logits`). With them, values as pairs of slots
 // ([B, K, D / 16, W / 2, 16, 2] bits, decode_attention.py's `block_values(..., pairs=True)`) run P V through
 // vdpbf16ps too, each probability pair (slots 2j, 2j + 1, rounded to bf16 as the bf16 model rounds them) broadcast
-// against 16 columns' pairs: no widening of the values either (`paired_probs_times_values`).
+// against 16 columns' pairs: no widening of the values either (`paired_probs_times_values`). On a CPU with AMX
+// both paired products run on its tiles over the whole 32-slot tiles inside the stretch, its ends as above
+// (`amx_logits`, `amx_probs_times_values`).
 // Operands: q [B, K, G, D] f32 (already rounded to the compute dtype), k_new / v_new [B, K, D] f32,
 // k_window [B, K, D, W] and v_window [B, K, D / CB, W, CB] in f32, bf16 or bf16 bits (uint16), or k_window
 // [B, K, D / 2, W] of uint32 pairs with v_window's bits, [B, K, D / CB, W, CB] or in slot pairs [B, K, D / 16,
@@ -26,6 +28,7 @@
 // bool; attributes scale (f32) and round_p (bool: round the normalised probabilities to bf16 before the
 // products, as the bf16 model does). Result [B, K, G, D] f32. D and W must be multiples of 8 and G at most 8
 // (decode_attention.py checks, else the jnp form runs).
+#include <optional>
 #include <vector>
 
 #include "common.h"
@@ -157,6 +160,18 @@ inline void logits_pass(const uint32_t* qp, int64_t half, const uint32_t* k0, in
   }
 }
 
+// q's rows as bf16 pairs of head dims, [G, D / 2] (dims 2i, 2i + 1 in one uint32, 2i low), as the keys are paired.
+template <int G>
+const uint32_t* query_pairs(const float* q, int64_t D) {
+  const int64_t half = D / 2;
+  thread_local std::vector<uint32_t> qp;
+  qp.resize(G * half);
+  for (int g = 0; g < G; ++g)
+    for (int64_t i = 0; i < half; ++i)
+      qp[g * half + i] = bf16_bits(q[g * D + 2 * i]) | bf16_bits(q[g * D + 2 * i + 1]) << 16;
+  return qp.data();
+}
+
 // probs[g, s] = q[g] . k[:, s] for s in [begin, end), keys as [D / 2, W] pairs (dims 2i, 2i + 1 of slot s in one
 // uint32, 2i in the low half): eight pairs (16 dims) per pass over the window, four in a last pass where D / 2 is
 // not a multiple of 8; q's pairs made once. (Four pairs per pass over 8 slots with 256-bit vectors took 1.6x the
@@ -165,29 +180,26 @@ template <int G>
 void paired_logits(const float* q, const uint32_t* kw, int64_t D, int64_t W, int64_t begin, int64_t end,
                    float* probs) {
   const int64_t half = D / 2;  // a multiple of 4
-  thread_local std::vector<uint32_t> qp;
-  qp.resize(G * half);
-  for (int g = 0; g < G; ++g)
-    for (int64_t i = 0; i < half; ++i)
-      qp[g * half + i] = bf16_bits(q[g * D + 2 * i]) | bf16_bits(q[g * D + 2 * i + 1]) << 16;
+  const uint32_t* qp = query_pairs<G>(q, D);
   // the first pass writes the logits (no pass to zero them first), the others add to them
   int64_t i = half >= 8 ? 8 : 4;
-  if (i == 8) logits_pass<G, 8, true>(qp.data(), half, kw, W, begin, end, probs);
-  else logits_pass<G, 4, true>(qp.data(), half, kw, W, begin, end, probs);
-  for (; i + 8 <= half; i += 8) logits_pass<G, 8, false>(qp.data() + i, half, kw + i * W, W, begin, end, probs);
-  if (i < half) logits_pass<G, 4, false>(qp.data() + i, half, kw + i * W, W, begin, end, probs);
+  if (i == 8) logits_pass<G, 8, true>(qp, half, kw, W, begin, end, probs);
+  else logits_pass<G, 4, true>(qp, half, kw, W, begin, end, probs);
+  for (; i + 8 <= half; i += 8) logits_pass<G, 8, false>(qp + i, half, kw + i * W, W, begin, end, probs);
+  if (i < half) logits_pass<G, 4, false>(qp + i, half, kw + i * W, W, begin, end, probs);
 }
 
-// out[g, c0 : c0 + 16 P] = sum_j pairs[g, j] . v[j] over slot pairs j in [begin, end): values as P blocks of 16
+// out[g, c0 : c0 + 16 P] (+)= sum_j pairs[g, j] . v[j] over slot pairs j in [begin, end): values as P blocks of 16
 // columns, each [W / 2, 16] uint32 (column c's bf16 of slots 2j and 2j + 1, 2j in the low half) at block0 + q 8 W,
-// read as P sequential streams; pairs[g, j] the bf16 probabilities of those two slots in one uint32.
+// read as P sequential streams; pairs[g, j] the bf16 probabilities of those two slots in one uint32. `add`: onto
+// what out holds.
 template <int G, int P>
 void paired_probs_times_values(const uint32_t* pairs, const uint32_t* block0, int64_t W, int64_t begin, int64_t end,
-                               int64_t D, int64_t c0, float* acc_out) {
+                               int64_t D, int64_t c0, float* acc_out, bool add) {
   const int64_t half = W / 2;
   __m512 acc[G][P];
   for (int g = 0; g < G; ++g)
-    for (int q = 0; q < P; ++q) acc[g][q] = _mm512_setzero_ps();
+    for (int q = 0; q < P; ++q) acc[g][q] = add ? _mm512_loadu_ps(acc_out + g * D + c0 + 16 * q) : _mm512_setzero_ps();
   for (int64_t j = begin; j < end; ++j) {
     __m512bh row[P];
     for (int q = 0; q < P; ++q)
@@ -223,9 +235,107 @@ inline void probability_pairs(const float* probs, float total, int64_t begin, in
 }
 #endif
 
+#if defined(SEARCHJAX_AMX)
+// Both products on AMX's tiles, where the CPU has them: the paired layouts above are already AMX's B tiles. A key
+// window's pairs [D / 2, W] give 16 dims' pairs x 16 slots as a tile (rows W apart); a value block's slot pairs
+// [W / 2, 16, 2] give 16 slot pairs x 16 columns (1 KB, contiguous). q's pairs and the probability pairs are the
+// A tiles (G rows). Why: on a 2-core Xeon with AMX (2026-12-05) vdpbf16ps, 21 bytes of window per instruction,
+// bound the window's read below the host's streaming read; one TDPBF16PS takes 1 KB of window.
+// Tiles 0..3: C, G x 16 f32 (four 16-slot chunks of logits, or four 16-column blocks of P V); tile 4: A, G rows of
+// 16 pairs; tiles 5, 6: B, taken in turn.
+TileConfig attention_tiles(int G) {
+  TileConfig config;
+  config.palette = 1;
+  for (int t = 0; t < 5; ++t) config.rows[t] = G, config.colsb[t] = 64;
+  for (int t = 5; t < 7; ++t) config.rows[t] = 16, config.colsb[t] = 64;
+  return config;
+}
+
+// probs[g, s0 : s0 + 16 C] = q[g] . k[:, s] for C chunks of 16 slots (C tiles; tile numbers are immediates).
+template <int C>
+inline void amx_logits(const uint32_t* qp, int64_t half, const uint32_t* kw, int64_t W, int64_t s0, float* probs) {
+  _tile_zero(0);
+  if constexpr (C > 1) _tile_zero(1);
+  if constexpr (C > 2) _tile_zero(2);
+  if constexpr (C > 3) _tile_zero(3);
+  for (int64_t i = 0; i < half; i += 16) {
+    const uint32_t* k = kw + i * W + s0;
+    _tile_loadd(4, qp + i, half * 4);
+    _tile_loadd(5, k, W * 4);
+    _tile_dpbf16ps(0, 4, 5);
+    if constexpr (C > 1) { _tile_loadd(6, k + 16, W * 4); _tile_dpbf16ps(1, 4, 6); }
+    if constexpr (C > 2) { _tile_loadd(5, k + 32, W * 4); _tile_dpbf16ps(2, 4, 5); }
+    if constexpr (C > 3) { _tile_loadd(6, k + 48, W * 4); _tile_dpbf16ps(3, 4, 6); }
+  }
+  _tile_stored(0, probs + s0, W * 4);
+  if constexpr (C > 1) _tile_stored(1, probs + s0 + 16, W * 4);
+  if constexpr (C > 2) _tile_stored(2, probs + s0 + 32, W * 4);
+  if constexpr (C > 3) _tile_stored(3, probs + s0 + 48, W * 4);
+}
+
+// out[g, 16 q0 : 16 (q0 + C)] (+)= sum_j pairs[g, j] . v_q[j] over slot pairs j in [j0, j1) (multiples of 16),
+// the value blocks q = q0 .. q0 + C - 1 each [W / 2, 16] uint32 at values + q 8 W; `add`: onto what out holds.
+template <int C>
+inline void amx_probs_times_values(const uint32_t* pairs, const uint32_t* values, int64_t W, int64_t j0, int64_t j1,
+                                   int64_t q0, int64_t D, float* out, bool add) {
+  const int64_t half = W / 2;
+  if (add) {
+    _tile_loadd(0, out + 16 * q0, D * 4);
+    if constexpr (C > 1) _tile_loadd(1, out + 16 * q0 + 16, D * 4);
+    if constexpr (C > 2) _tile_loadd(2, out + 16 * q0 + 32, D * 4);
+    if constexpr (C > 3) _tile_loadd(3, out + 16 * q0 + 48, D * 4);
+  } else {
+    _tile_zero(0);
+    if constexpr (C > 1) _tile_zero(1);
+    if constexpr (C > 2) _tile_zero(2);
+    if constexpr (C > 3) _tile_zero(3);
+  }
+  for (int64_t j = j0; j < j1; j += 16) {
+    const uint32_t* v = values + (q0 * half + j) * 16;
+    _tile_loadd(4, pairs + j, half * 4);
+    _tile_loadd(5, v, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    if constexpr (C > 1) { _tile_loadd(6, v + half * 16, 64); _tile_dpbf16ps(1, 4, 6); }
+    if constexpr (C > 2) { _tile_loadd(5, v + 2 * half * 16, 64); _tile_dpbf16ps(2, 4, 5); }
+    if constexpr (C > 3) { _tile_loadd(6, v + 3 * half * 16, 64); _tile_dpbf16ps(3, 4, 6); }
+  }
+  _tile_stored(0, out + 16 * q0, D * 4);
+  if constexpr (C > 1) _tile_stored(1, out + 16 * q0 + 16, D * 4);
+  if constexpr (C > 2) _tile_stored(2, out + 16 * q0 + 32, D * 4);
+  if constexpr (C > 3) _tile_stored(3, out + 16 * q0 + 48, D * 4);
+}
+
+// The logits of the slots [begin, end) (multiples of 16), 64 slots per pass over q's pairs.
+void amx_all_logits(const uint32_t* qp, int64_t half, const uint32_t* kw, int64_t W, int64_t begin, int64_t end,
+                    float* probs) {
+  int64_t s = begin;
+  for (; s + 64 <= end; s += 64) amx_logits<4>(qp, half, kw, W, s, probs);
+  switch ((end - s) / 16) {
+    case 3: amx_logits<3>(qp, half, kw, W, s, probs); break;
+    case 2: amx_logits<2>(qp, half, kw, W, s, probs); break;
+    case 1: amx_logits<1>(qp, half, kw, W, s, probs); break;
+    default: break;
+  }
+}
+
+// P V for all D / 16 value blocks, four per pass over the probability pairs.
+void amx_all_values(const uint32_t* pairs, const uint32_t* values, int64_t W, int64_t j0, int64_t j1, int64_t D,
+                    float* out, bool add) {
+  const int64_t blocks = D / 16;
+  int64_t q = 0;
+  for (; q + 4 <= blocks; q += 4) amx_probs_times_values<4>(pairs, values, W, j0, j1, q, D, out, add);
+  switch (blocks - q) {
+    case 3: amx_probs_times_values<3>(pairs, values, W, j0, j1, q, D, out, add); break;
+    case 2: amx_probs_times_values<2>(pairs, values, W, j0, j1, q, D, out, add); break;
+    case 1: amx_probs_times_values<1>(pairs, values, W, j0, j1, q, D, out, add); break;
+    default: break;
+  }
+}
+#endif
+
 template <int G, typename T>
 void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool round_p, bool paired,
-            bool value_pairs, float* probs, uint32_t* pairs) {
+            bool value_pairs, bool amx, float* probs, uint32_t* pairs) {
   const T* kw = static_cast<const T*>(h.k_window);
   const T* vw = static_cast<const T*>(h.v_window);
   // Only the stretch of 8-slot groups from the first visible slot to the last is read: the slots a decode
@@ -237,8 +347,19 @@ void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool r
   begin &= ~int64_t{7};
   end = (end + 7) & ~int64_t{7};
   // logits[g, s] = q[g] . k[:, s], four key rows per pass over the window (fewer passes over the logits)
+  // AMX takes the slots [tiles_begin, tiles_end), whole tiles of 32 inside the stretch (16 pairs in P V); the
+  // ends left over go through vdpbf16ps, so no slot outside the stretch is read here either
+  int64_t tiles_begin = (begin + 31) & ~int64_t{31}, tiles_end = end & ~int64_t{31};
+  if (!amx || tiles_begin >= tiles_end) tiles_begin = tiles_end = begin;
 #if defined(__AVX512BF16__)
-  if (paired) paired_logits<G>(h.q, static_cast<const uint32_t*>(h.k_window), D, W, begin, end, probs);
+  if (paired) {
+    const uint32_t* kw32 = static_cast<const uint32_t*>(h.k_window);
+    if (begin < tiles_begin) paired_logits<G>(h.q, kw32, D, W, begin, tiles_begin, probs);
+    if (tiles_end < end) paired_logits<G>(h.q, kw32, D, W, tiles_end, end, probs);
+#if defined(SEARCHJAX_AMX)
+    if (tiles_begin < tiles_end) amx_all_logits(query_pairs<G>(h.q, D), D / 2, kw32, W, tiles_begin, tiles_end, probs);
+#endif
+  }
 #endif
   if (!paired) for (int g = 0; g < G; ++g) std::fill(probs + g * W + begin, probs + g * W + end, 0.f);
   for (int64_t d = 0; d < D && !paired; d += 4) {  // D is a multiple of 8
@@ -277,11 +398,23 @@ void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool r
   if (value_pairs) {  // round_p: `probability_pairs` normalises the probabilities and rounds them to bf16
     for (int g = 0; g < G; ++g) probability_pairs(probs + g * W, total[g], begin / 2, end / 2, pairs + g * (W / 2));
     const uint32_t* values = static_cast<const uint32_t*>(h.v_window);
-    int64_t c0 = 0;  // four blocks (64 columns) per pass where G x 4 accumulators fit the 32 registers, else two
-    for (; G <= 4 && c0 + 64 <= D; c0 += 64)
-      paired_probs_times_values<G, 4>(pairs, values + c0 * (W / 2), W, begin / 2, end / 2, D, c0, h.out);
-    for (; c0 < D; c0 += 32)
-      paired_probs_times_values<G, 2>(pairs, values + c0 * (W / 2), W, begin / 2, end / 2, D, c0, h.out);
+    bool written = false;  // whether out holds a part of P V yet
+    const auto vector_part = [&](int64_t from, int64_t to) {  // pairs [from, to) by vdpbf16ps
+      if (from >= to) return;
+      int64_t c0 = 0;  // four blocks (64 columns) per pass where G x 4 accumulators fit the 32 registers, else two
+      for (; G <= 4 && c0 + 64 <= D; c0 += 64)
+        paired_probs_times_values<G, 4>(pairs, values + c0 * (W / 2), W, from, to, D, c0, h.out, written);
+      for (; c0 < D; c0 += 32)
+        paired_probs_times_values<G, 2>(pairs, values + c0 * (W / 2), W, from, to, D, c0, h.out, written);
+      written = true;
+    };
+    vector_part(begin / 2, tiles_begin / 2);
+    vector_part(tiles_end / 2, end / 2);
+#if defined(SEARCHJAX_AMX)
+    if (tiles_begin < tiles_end) amx_all_values(pairs, values, W, tiles_begin / 2, tiles_end / 2, D, h.out, written);
+    written = written || tiles_begin < tiles_end;
+#endif
+    if (!written) std::fill(h.out, h.out + G * D, 0.f);  // no visible slot: the token's own term alone (below)
   } else
 #endif
   if (CB == 16)
@@ -313,6 +446,11 @@ ffi::Error run(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_new, ffi
   const bool bf16 = paired || k_window.element_type() == ffi::DataType::BF16 ||
                     k_window.element_type() == ffi::DataType::U16;
   const int64_t item = bf16 ? 2 : 4;
+#if defined(SEARCHJAX_AMX)
+  const bool amx = value_pairs && amx_permitted();  // value pairs: D a multiple of 32, W of 16
+#else
+  const bool amx = false;
+#endif
   const auto* qp = static_cast<const float*>(q.untyped_data());
   const auto* knp = static_cast<const float*>(k_new.untyped_data());
   const auto* vnp = static_cast<const float*>(v_new.untyped_data());
@@ -327,8 +465,12 @@ ffi::Error run(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_new, ffi
     if (value_pairs) pairs.resize(G * W / 2);
     const Head h{qp + t * G * D, knp + t * D, vnp + t * D, kwp + t * D * W * item, vwp + t * W * D * item,
                  visp + (t / K) * W, outp + t * G * D};
-    if (bf16) attend<G, uint16_t>(h, D, W, CB, scale, round_p, paired, value_pairs, probs.data(), pairs.data());
-    else attend<G, float>(h, D, W, CB, scale, round_p, false, false, probs.data(), nullptr);
+#if defined(SEARCHJAX_AMX)
+    std::optional<TileScope> tiles;
+    if (amx) tiles.emplace(attention_tiles(G));
+#endif
+    if (bf16) attend<G, uint16_t>(h, D, W, CB, scale, round_p, paired, value_pairs, amx, probs.data(), pairs.data());
+    else attend<G, float>(h, D, W, CB, scale, round_p, false, false, false, probs.data(), nullptr);
   });
   return ffi::Error::Success();
 }

@@ -24,11 +24,13 @@
 // columns (`native.column_block(..., pairs=True)`) run 512-bit vdpbf16ps, 16 columns a vector (half the
 // instructions per column of the 256-bit form). SmolLM2's 30 layers and head at batch 8, bf16, medians of 9,
 // alternated: 13.2-14.1 -> 11.6-12.4 ms (x pairs) -> 10.2-10.5 ms (and 512-bit tiles: 25-27 GB/s of weights),
-// batch 1 8.9 -> 8.1 ms (docs/performance.md, "The bf16 decode step at batch 8").
+// batch 1 8.9 -> 8.1 ms (docs/performance.md, "The bf16 decode step at batch 8"). On a CPU with AMX the same
+// pairs are AMX's B tiles (`amx_tile`).
 #include <type_traits>
 #include <vector>
 
 #include "common.h"
+
 
 namespace {
 
@@ -103,6 +105,70 @@ inline void pair_tile(const uint32_t* xp, const uint16_t* block, float* y, int64
     for (int j = 0; j < NW; ++j) std::memcpy(y + (m0 + r) * N + n0 + V * j, &acc[r][j], sizeof acc[r][j]);
 }
 
+#if defined(SEARCHJAX_AMX)
+// bf16 pairs on a CPU with AMX: the row-pair blocks are already the layout of AMX's B tiles (16 pairs of k x
+// 16 columns x 2, a 64-byte row per k pair), so a tile loads straight from the packed weight with the block's
+// row stride. Why: on a 2-core Xeon with AMX (2026-12-05) vdpbf16ps bound the 8-row tile (`pair_tile`, 24 dot
+// products per 192 bytes of weights): SmolLM2's 30 layers and head at batch 8 took ~22 ms a step, 12 GB/s of
+// weights against the host's 26 GB/s streaming read; one TDPBF16PS multiplies a KB of weights by up to 16 rows.
+
+constexpr int64_t AHEAD = 3;  // k steps of 32 a B tile's rows are prefetched before their load (`amx_tile`)
+
+// Tiles 0..NC-1: C, `rows` x 16 f32 each; tile 3: A, `rows` x 32 bf16 of x; tiles 4..3+NC: B, 16 k pairs x 16
+// columns x 2.
+TileConfig matmul_tiles(int rows, int nc) {
+  TileConfig config;
+  config.palette = 1;
+  for (int c = 0; c < nc; ++c) config.rows[c] = rows, config.colsb[c] = 64;
+  config.rows[3] = rows, config.colsb[3] = 64;
+  for (int c = 0; c < nc; ++c) config.rows[4 + c] = 16, config.colsb[4 + c] = 64;
+  return config;
+}
+
+// y[m0:m0+rows, n0:n0+16NC] = x[m0:m0+rows] w_block, x bf16 [M, K] (K a multiple of 32), w_block [K / 2, 16 NC, 2]:
+// per 32 k, one A tile of x and NC B tiles (tile numbers are immediates, hence the unrolled NC = 2 or 3).
+template <int NC>
+inline void amx_tile(const uint16_t* x, const uint16_t* block, float* y, int64_t K, int64_t N, int64_t m0,
+                     int64_t n0) {
+  static_assert(NC == 2 || NC == 3, "blocks of 32 or 48 columns");
+  constexpr int64_t pair_row = 16 * NC * 2;  // bf16 values per k pair of the block
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (NC == 3) _tile_zero(2);
+  for (int64_t k = 0; k < K; k += 32) {
+    const uint16_t* b = block + (k / 2) * pair_row;
+    // The B tiles are reused only after their product: a load waits for the memory, so fetch AHEAD k steps early
+    const char* ahead = reinterpret_cast<const char*>(b) + AHEAD * 16 * pair_row * 2;
+    for (int64_t line = 0; line < 16 * pair_row * 2; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+    _tile_loadd(3, x + m0 * K + k, K * 2);
+    _tile_loadd(4, b, pair_row * 2);
+    _tile_loadd(5, b + 32, pair_row * 2);
+    if constexpr (NC == 3) _tile_loadd(6, b + 64, pair_row * 2);
+    _tile_dpbf16ps(0, 3, 4);
+    _tile_dpbf16ps(1, 3, 5);
+    if constexpr (NC == 3) _tile_dpbf16ps(2, 3, 6);
+  }
+  _tile_stored(0, y + m0 * N + n0, N * 4);
+  _tile_stored(1, y + m0 * N + n0 + 16, N * 4);
+  if constexpr (NC == 3) _tile_stored(2, y + m0 * N + n0 + 32, N * 4);
+}
+
+// The blocks [b0, b1) of a weight in 32- or 48-column pair blocks, every row of x, in groups of up to 16 rows.
+template <int NC>
+void amx_blocks(const uint16_t* x, const uint16_t* w, float* y, int64_t M, int64_t K, int64_t N, int64_t b0,
+                int64_t b1) {
+  constexpr int64_t NB = 16 * NC;
+  for (int64_t m = 0; m < M; m += 16) {
+    const int rows = int(std::min<int64_t>(16, M - m));
+    TileScope scope(matmul_tiles(rows, NC));
+    for (int64_t b = b0; b < b1; ++b) amx_tile<NC>(x, w + b * K * NB, y, K, N, m, b * NB);
+  }
+}
+
+// Whether `run` takes the AMX tiles for a bf16 call: blocks of 32 or 48 columns, K a multiple of 32.
+bool amx_fits(int64_t NB, int64_t K) { return (NB == 32 || NB == 48) && K % 32 == 0 && amx_permitted(); }
+#endif
+
 // 512-bit vectors for blocks of 32 or 48 columns (NV 4 or 6), 256-bit for 8, 16 or 24.
 template <int NV>
 void pair_column_block(const uint32_t* xp, const uint16_t* block, float* y, int64_t M, int64_t K, int64_t N,
@@ -139,6 +205,16 @@ ffi::Error run(ffi::ThreadPool& pool, const X* x, const T* w, float* y, int64_t 
   // about 8 tasks per thread: small enough to balance, large enough that scheduling stays negligible
   const int64_t per_task = std::max<int64_t>(1, blocks / (8 * workers(pool)));
   const int64_t tasks = (blocks + per_task - 1) / per_task;
+#if defined(SEARCHJAX_AMX)
+  if constexpr (std::is_same<X, uint16_t>::value && (NV == 4 || NV == 6)) {
+    if (amx_fits(NB, K)) {
+      parallel_tasks(pool, tasks, [&](int64_t t) {
+        amx_blocks<NV * 8 / 16>(x, w, y, M, K, N, t * per_task, std::min(blocks, (t + 1) * per_task));
+      });
+      return ffi::Error::Success();
+    }
+  }
+#endif
   std::vector<uint32_t> x_pairs;  // bf16 x as [K / 2, M] pairs: a k step's rows side by side (`pair_tile`)
   if constexpr (std::is_same<X, uint16_t>::value) {
     x_pairs.resize(K / 2 * M);
@@ -201,6 +277,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SearchjaxSkinnyMatmul, skinny_matmul,
                                   .Arg<ffi::AnyBuffer>()  // x
                                   .Arg<ffi::AnyBuffer>()  // w, packed
                                   .Ret<ffi::AnyBuffer>());
+
+// Whether the bf16 row pairs run on AMX's tiles here (`native.amx_tiles`): a build with AMX-BF16 in a process
+// Linux lets use them. 1 or 0.
+extern "C" int SearchjaxSkinnyMatmulAmx() {
+#if defined(SEARCHJAX_AMX)
+  return amx_permitted() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
 
 // Whether this build multiplies bf16 weights in row pairs (`native.bf16_pairs`): 1 with AVX-512 BF16, else 0.
 extern "C" int SearchjaxSkinnyMatmulPairs() {
