@@ -20,9 +20,9 @@ A host without a C++ compiler, or a build that fails, gets a one-line warning an
 the same thing (`tests/models/test_native.py` and `test_decode_attention.py` check both against references).
 `SEARCHJAX_NATIVE=0` turns the kernels off (the benchmarks use it to time the jnp forms beside the kernels).
 
-On a CPU with AMX (Intel Sapphire Rapids and later) the bf16 products of the skinny matmul and of decode attention
-run on AMX's tiles (TDPBF16PS) where their operands fit whole tiles, the rest through AVX-512 BF16 as elsewhere
-(`amx_tiles`); `SEARCHJAX_AMX=0` keeps them on AVX-512.
+On a CPU with AMX (Intel Sapphire Rapids and later) the bf16 products of the skinny matmul, of decode attention and
+of block attention run on AMX's tiles (TDPBF16PS) where their operands fit whole tiles, the rest through AVX-512
+BF16 as elsewhere (`amx_tiles`; native/amx.h); `SEARCHJAX_AMX=0` keeps them on AVX-512.
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ def _build(source: pathlib.Path) -> pathlib.Path:
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++, c++, clang++ or $CXX) on PATH")
-    texts = [path.read_text() for path in (source, SOURCE_DIR / "common.h")]
+    # the source and every header beside it: a kernel may include any of them
+    texts = [path.read_text() for path in (source, *sorted(SOURCE_DIR.glob("*.h")))]
     key = hashlib.sha256("\n".join([*texts, compiler, " ".join(CXX_FLAGS), jaxlib.__version__,
                                     _cpu_signature()]).encode()).hexdigest()[:16]
     out_dir = assets.cache_dir() / "native"
@@ -149,7 +150,7 @@ def block_attention_fits(q: jax.Array, k: jax.Array, v: jax.Array) -> bool:
 
 
 def block_attention(q: jax.Array, k: jax.Array, v: jax.Array, seen: jax.Array, first, scale: float,
-                    dot_bf16: bool = True) -> jax.Array:
+                    dot_bf16: bool = True, amx_tiles: bool = True) -> jax.Array:
     """Attention of a block of T tokens written into a cache at slots first .. first + T - 1: q [B, T, N, D]
     against the window k, v [B, S, K, D] (the block already in it), where query t sees slot s iff (s < first + t
     and seen[b, s]) or s == first + t (`transformer.attention_mask`'s rule; seen [B, S] the slots' mask).
@@ -157,11 +158,13 @@ def block_attention(q: jax.Array, k: jax.Array, v: jax.Array, seen: jax.Array, f
     (native/block_attention.cc). Both products accumulate in float32; in bfloat16 the probabilities are rounded
     to bf16 before P V, as the jnp form does, but before their final normalisation (an online softmax has no
     other; FlashAttention-2's bf16 P): each weight within bf16's relative rounding of the jnp form's.
-    A bf16 cache runs both products as bf16 dot products (vdpbf16ps) where the build has AVX-512 BF16;
-    dot_bf16=False runs the f32-FMA form there too (the tests compare the two). Needs `block_attention_fits`."""
+    A bf16 cache runs both products as bf16 dot products (vdpbf16ps) where the build has AVX-512 BF16, and on
+    AMX's tiles (TDPBF16PS) where the CPU has them (`amx_tiles()`) and D is a multiple of 32; dot_bf16=False runs
+    the f32-FMA form there too, amx_tiles=False the vdpbf16ps form (the tests compare the three). Needs
+    `block_attention_fits`."""
     return jax.ffi.ffi_call(BLOCK_ATTENTION_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))(
         q.astype(jnp.float32), k, v, seen, jnp.asarray(first, jnp.int32), scale=np.float32(scale),
-        round_p=bool(q.dtype == jnp.bfloat16), dot_bf16=bool(dot_bf16)).astype(q.dtype)
+        round_p=bool(q.dtype == jnp.bfloat16), dot_bf16=bool(dot_bf16), amx_tiles=bool(amx_tiles)).astype(q.dtype)
 
 
 def column_block(columns: int, pairs: bool = False) -> Optional[int]:
@@ -184,8 +187,8 @@ def amx_tiles() -> bool:
     """Whether the kernels run their bf16 pair products on AMX's tiles (TDPBF16PS): a build with AMX-BF16 in a
     process Linux lets use them, unless `SEARCHJAX_AMX=0`. The skinny matmul takes them for blocks of 32 or 48
     columns with K a multiple of 32, decode attention for the whole 32-slot tiles of a window's visible stretch (its
-    ends by vdpbf16ps); the packed layouts are the same either way (`pack_columns`,
-    `decode_attention.KEY_PAIRS`)."""
+    ends by vdpbf16ps), block attention for a bf16 cache with D a multiple of 32; the packed layouts are the same
+    either way (`pack_columns`, `decode_attention.KEY_PAIRS`)."""
     return bf16_pairs() and bool(_library("skinny_matmul.cc").SearchjaxSkinnyMatmulAmx())
 
 

@@ -15,9 +15,10 @@ from searchjax import decode_steps, generation
 from searchjax.models import kernels, native, transformer
 
 # (B, T, N, K, D, S, first): G = 3 (SmolLM2), 1, 7 (Qwen2.5-0.5B) and 2; one token tile and several, a last
-# tile of 8 tokens (136 = 2 x 64 + 8); prompts (first = 0) and appends; windows ending mid key block
+# tile of 8 tokens (136 = 2 x 64 + 8); prompts (first = 0) and appends; windows ending mid key block, and one
+# whose last key block is 12 slots (196 + 72 = 4 x 64 + 12)
 SHAPES = [(2, 16, 9, 3, 64, 64, 20), (3, 136, 4, 4, 32, 512, 300), (2, 24, 14, 2, 64, 128, 0),
-          (1, 8, 2, 1, 16, 20, 8), (2, 64, 6, 3, 128, 200, 130)]
+          (1, 8, 2, 1, 16, 20, 8), (2, 64, 6, 3, 128, 200, 130), (1, 72, 9, 3, 64, 300, 196)]
 
 
 def _inputs(B, T, N, K, D, S, first, seed):
@@ -65,20 +66,27 @@ def test_block_attention_equals_the_float64_softmax_and_grouped_attention(B, T, 
     np.testing.assert_array_equal(np.asarray(mask[:, 0, -1, :first + T - 1]), seen[:, :first + T - 1])
 
 
-@pytest.mark.parametrize("dot_bf16", [True, False])
+# the kernel's bf16 forms as (dot_bf16, amx_tiles): AMX's tiles where the CPU has them (`native.amx_tiles`; the
+# shapes with D 16 run vdpbf16ps there), vdpbf16ps where it has AVX-512 BF16, the f32-FMA form everywhere
+BF16_FORMS = {"tiles": (True, True), "vdpbf16ps": (True, False), "f32_fma": (False, False)}
+
+
+@pytest.mark.parametrize("form", list(BF16_FORMS))
 @pytest.mark.parametrize("B, T, N, K, D, S, first", SHAPES)
-def test_bf16_block_attention_is_within_bf16_rounding_of_the_float64_softmax(B, T, N, K, D, S, first, dot_bf16):
+def test_bf16_block_attention_is_within_bf16_rounding_of_the_float64_softmax(B, T, N, K, D, S, first, form):
     """A bf16 model's operands (q, k, v bf16 values): the kernel rounds the probabilities to bf16 before P V
     (relative error <= u = 2^-8) and returns bf16 (<= u |out|), both products otherwise exact or f32, so
     |got - exact| <= u (sum p |v| / sum p + |exact|) + f32 terms. A slot missed, a pair misplaced or the two
     halves of a pair swapped moves the output by far more (the forms are checked each against the float64
-    softmax; with dot_bf16=False the f32-FMA form runs on a host with AVX-512 BF16 too)."""
+    softmax; on a host with AMX the flags run all three there). The shapes take the AMX form through its edges:
+    windows ending off the 16-slot tiles (20 + 16 slots: a zero-padded last tile of keys, P V's 32-slot step half
+    empty), odd numbers of 16-row tiles (3 for 16 tokens of 3 heads), D 32 and 128."""
     q, k, v, seen, tokens = _inputs(B, T, N, K, D, S, first, seed=T * S + 1)
     q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
     assert native.block_attention_fits(q, k, v)
     scale = D ** -0.5
-    run = jax.jit(native.block_attention, static_argnums=(5, 6))
-    got = run(q, k, v, seen, first, scale, dot_bf16)
+    run = jax.jit(native.block_attention, static_argnums=(5, 6, 7))
+    got = run(q, k, v, seen, first, scale, *BF16_FORMS[form])
     assert got.dtype == jnp.bfloat16
     exact, spread = _reference(*(np.asarray(x, np.float32) for x in (q, k, v)), seen, first, scale)
     u = 2.0 ** -8

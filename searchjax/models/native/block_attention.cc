@@ -15,20 +15,23 @@
 // so nothing of size T x S ever exists and each key and value row is read from memory once per tile.
 // A bf16 cache on a CPU with AVX-512 BF16 runs both products with vdpbf16ps instead (`dot_bf16` below): two
 // bf16 products summed into each f32 lane per instruction, twice the f32 FMA's work, as XLA's own bf16 GEMMs
-// do on such a host (the f32-FMA form of a bf16 block ran no faster than XLA's bf16 einsums there).
+// do on such a host (the f32-FMA form of a bf16 block ran no faster than XLA's bf16 einsums there), and on a CPU
+// with AMX both go on its tiles (`amx_key_block`; D a multiple of 32).
 // Operands: q [B, T, N, D] f32 (rope applied; a bf16 model's q widened), k and v [B, S, K, D] f32, bf16 or
 // bf16 bits (uint16) (the layer's cache window, the block already written at slots first .. first + T - 1),
 // seen [B, S] bool (the slots' mask: real tokens), first [] int32 (the block's first slot); attributes scale
 // (f32), round_p (bool: round the probabilities to bf16 before P V, as a bf16 model's second product takes
 // them; here they are the running ones, exp(L - m) before the final normalisation, as FlashAttention-2 feeds
-// its bf16 P V: the normalised probabilities the jnp form rounds do not exist until the last key block) and
+// its bf16 P V: the normalised probabilities the jnp form rounds do not exist until the last key block),
 // dot_bf16 (bool: a bf16 cache may use vdpbf16ps where the build has it; false runs the f32-FMA form, which
-// the tests compare). Query t of a row sees slot s iff (s < first + t and seen[s]) or s == first + t,
+// the tests compare) and amx_tiles (bool: with dot_bf16, AMX's tiles where the CPU has them; false runs
+// vdpbf16ps there). Query t of a row sees slot s iff (s < first + t and seen[s]) or s == first + t,
 // `attention_mask`'s rule. Result [B, T, N, D] f32. T must be a multiple of 8 and D of 4 (native.py checks,
 // else the jnp form runs).
 #include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "common.h"
 
 namespace {
@@ -61,6 +64,10 @@ inline bool needs_mask(const Rows& t, int64_t s0, int64_t J) {
 void mask_logits(const Rows& t, int64_t s0, int64_t J) {
   for (int64_t j = 0; j < J; ++j) {
     const int64_t s = s0 + j;
+    if (s < t.first_row_slot) {  // a slot before the tile's first token is seen by all its queries or by none
+      if (!t.seen[s]) std::fill(t.logits + j * t.R, t.logits + (j + 1) * t.R, MASKED);
+      continue;
+    }
     const v8i slot = splat_i(int32_t(s)), seen = splat_i(t.seen[s] ? -1 : 0);
     for (int64_t r = 0; r < t.R; r += 8) {
       const v8i limit = splat_i(int32_t(t.first_row_slot + r % t.TT)) + iota8();
@@ -70,19 +77,22 @@ void mask_logits(const Rows& t, int64_t s0, int64_t J) {
   }
 }
 
-// The online softmax over one key block's J logits (J even), rows in vectors V of 8 or 16 lanes: new maxima, the
-// running sums and the accumulator rescaled, and the probabilities exp(L - m) of each slot pair (2 jp, 2 jp + 1)
-// handed to emit(jp, r, p0, p1), which puts them where the block's P V reads them.
+// The online softmax over one key block's J logits (J a multiple of 4), rows in vectors V of 8 or 16 lanes: new
+// maxima, the running sums and the accumulator rescaled, and the probabilities exp(L - m) of each slot pair
+// (2 jp, 2 jp + 1) handed to emit(jp, r, p0, p1), which puts them where the block's P V reads them.
 template <typename V, typename Emit>
 void online_softmax(const Rows& t, int64_t J, const Emit& emit) {
   constexpr int lanes = sizeof(V) / sizeof(float);
   for (int64_t r = 0; r < t.R; r += lanes) {
     const V old_peak = load_lanes<V>(t.m + r);
-    V peak = old_peak;
-    for (int64_t j = 0; j < J; ++j) {
-      const V x = load_lanes<V>(t.logits + j * t.R + r);
-      peak = x > peak ? x : peak;
-    }
+    V peaks[4] = {old_peak, old_peak, old_peak, old_peak};  // four chains: one waits on vmaxps's latency
+    for (int64_t j = 0; j < J; j += 4)  // J is a multiple of 4
+      for (int i = 0; i < 4; ++i) {
+        const V x = load_lanes<V>(t.logits + (j + i) * t.R + r);
+        peaks[i] = x > peaks[i] ? x : peaks[i];
+      }
+    const V peak01 = peaks[0] > peaks[1] ? peaks[0] : peaks[1], peak23 = peaks[2] > peaks[3] ? peaks[2] : peaks[3];
+    const V peak = peak01 > peak23 ? peak01 : peak23;
     const V correction = exp_nonpositive(old_peak - peak);
     V sum = load_lanes<V>(t.l + r) * correction;
     for (int64_t jp = 0; jp < J / 2; ++jp) {
@@ -203,6 +213,8 @@ struct DotTask {
   uint32_t* q2;         // [D / 2, R] query pairs
   uint32_t* p2;         // [KB / 2, R] probability pairs
   uint32_t* v2;         // [KB / 2, D] value pairs
+  uint32_t* vt2;        // the AMX form's: [D, KB / 2] value pairs (v2 transposed)
+  uint16_t* kpad;       // the AMX form's: [16, D] the key block's last rows, zero-padded to 16
 };
 
 inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
@@ -262,40 +274,83 @@ inline __m512i interleaved_words(int first, int second) {
   return _mm512_load_si512(index);
 }
 
-void dot_key_block(DotTask& t, int64_t s0, int64_t J) {  // J <= KB slots from s0, a multiple of 4
-  const int64_t R = t.rows.R, D = t.rows.D;
-  // 4 row vectors x 4 slots of accumulators + 4 row vectors + 1 broadcast: 21 of AVX-512's 32 registers
-  for (int64_t j0 = 0; j0 < J; j0 += 4)
-    over_rows<4>(R, 16, [&](auto rv, int64_t r0) { dot_logits<decltype(rv)::value>(t, s0, j0, r0); });
+// The block's probabilities as pairs p2 [J / 2, R] (from logits [J, R] already scaled): masked where needed, the
+// online softmax, both of a pair rounded to bf16 by one vcvtne2ps2bf16 (to nearest even, as `round_bf16`, on the
+// normal values exp gives: e^-87 and up), then p0's and p1's words interleaved.
+void probability_pairs(DotTask& t, int64_t s0, int64_t J) {
   if (needs_mask(t.rows, s0, J)) mask_logits(t.rows, s0, J);
-  // The probabilities paired straight from the exponentials, 16 rows a vector (R is a multiple of 16): both
-  // rounded to bf16 by one vcvtne2ps2bf16 (to nearest even, as `round_bf16`, on the normal values exp gives: e^-87
-  // and up), then p0's and p1's words interleaved.
   const __m512i probability_order = interleaved_words(0, 16);
   online_softmax<v16f>(t.rows, J, [&](int64_t jp, int64_t r, v16f p0, v16f p1) {
     const __m512i words = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(p1, p0));  // p0's 16 words, then p1's
-    _mm512_storeu_si512(t.p2 + jp * R + r, _mm512_permutexvar_epi16(probability_order, words));
+    _mm512_storeu_si512(t.p2 + jp * t.rows.R + r, _mm512_permutexvar_epi16(probability_order, words));
   });
+}
+
+// The block's values as slot pairs v2 [J / 2, D]: two slots' 32 columns interleaved by two word permutes.
+void value_pairs(DotTask& t, int64_t s0, int64_t J) {
+  const int64_t D = t.rows.D;
   const __m512i low = interleaved_words(0, 32), high = interleaved_words(16, 48);
   for (int64_t jp = 0; jp < J / 2; ++jp) {
     const uint16_t* v0 = t.v + (s0 + 2 * jp) * t.KD;
     int64_t d = 0;
-    for (; d + 32 <= D; d += 32) {  // two slots' 32 columns interleaved by two word permutes
+    for (; d + 32 <= D; d += 32) {
       const __m512i a = _mm512_loadu_si512(v0 + d), b = _mm512_loadu_si512(v0 + t.KD + d);
       _mm512_storeu_si512(t.v2 + jp * D + d, _mm512_permutex2var_epi16(a, low, b));
       _mm512_storeu_si512(t.v2 + jp * D + d + 16, _mm512_permutex2var_epi16(a, high, b));
     }
     for (; d < D; ++d) t.v2[jp * D + d] = uint32_t(v0[d]) | uint32_t(v0[t.KD + d]) << 16;
   }
+}
+
+void dot_key_block(DotTask& t, int64_t s0, int64_t J) {  // J <= KB slots from s0, a multiple of 4
+  const int64_t R = t.rows.R, D = t.rows.D;
+  // 4 row vectors x 4 slots of accumulators + 4 row vectors + 1 broadcast: 21 of AVX-512's 32 registers
+  for (int64_t j0 = 0; j0 < J; j0 += 4)
+    over_rows<4>(R, 16, [&](auto rv, int64_t r0) { dot_logits<decltype(rv)::value>(t, s0, j0, r0); });
+  probability_pairs(t, s0, J);
+  value_pairs(t, s0, J);
   for (int64_t d0 = 0; d0 < D; d0 += 4)
     over_rows<4>(R, 16, [&](auto rv, int64_t r0) { dot_values<decltype(rv)::value>(t, J / 2, d0, r0); });
 }
+
+#if defined(SEARCHJAX_AMX)
+// ---- the AMX form: a bf16 cache on a CPU with AMX's tiles, D a multiple of 32 ----
+// Both products by TDPBF16PS on 16 x 16 f32 C tiles, in the dot form's layouts: logits [KB, R] as tiles of 16 slots
+// x 16 query rows, A the key rows straight from the cache (32 head dims, 16 pairs, a 64-byte row per slot, rows
+// K D apart), B the query pairs [D / 2, R]; P V onto the accumulator [D, R] as tiles of 16 columns x 16 rows, A
+// the value pairs transposed to [D, KB / 2], B the probability pairs [KB / 2, R]. Masking and the online softmax
+// are the dot form's. Why: on a 2-core Xeon with AMX (2026-12-05) the dot form ran a 512-token append of 8 rows
+// over a 4,096-slot window at ~120 GFLOP/s, bound by vdpbf16ps (one per 16 rows x 2 products); one TDPBF16PS
+// does 16 x 16 x 32. P V takes the key block in 32-slot steps: slots past J weigh zero values there (nothing
+// beyond the block is read from the cache).
+
+void amx_key_block(DotTask& t, int64_t s0, int64_t J) {  // J <= KB slots from s0, a multiple of 4
+  const int64_t R = t.rows.R, D = t.rows.D, whole = J / 16 * 16, steps = (J + 31) / 32;
+  // logits [J, R] = k q^T: whole 16-slot tiles from the cache, the last rows (J % 16) from a zero-padded copy
+  tile_product(t.k + s0 * t.KD, t.KD, t.q2, R, t.rows.logits, R, J / 16, R / 16, D / 32, false);
+  if (whole < J) {
+    std::fill(t.kpad, t.kpad + 16 * D, uint16_t{0});
+    for (int64_t j = whole; j < J; ++j) std::memcpy(t.kpad + (j - whole) * D, t.k + (s0 + j) * t.KD, D * 2);
+    tile_product(t.kpad, D, t.q2, R, t.rows.logits + whole * R, R, 1, R / 16, D / 32, false);
+  }
+  const v16f scale = v16f{} + t.scale;  // as the dot form: scaled after the product
+  for (int64_t i = 0; i < J * R; i += 16) store_lanes(t.rows.logits + i, load_lanes<v16f>(t.rows.logits + i) * scale);
+  probability_pairs(t, s0, J);
+  value_pairs(t, s0, J);
+  // value pairs past J up to the 32-slot step zeroed (the probability pairs there hold an earlier block's, finite),
+  // then transposed: vt2[d, jp] = v2[jp, d]
+  std::fill(t.v2 + J / 2 * D, t.v2 + steps * 16 * D, 0u);
+  for (int64_t jp = 0; jp < steps * 16; jp += 16)
+    for (int64_t d = 0; d < D; d += 16) transpose16(t.v2 + jp * D + d, D, t.vt2 + d * (KB / 2) + jp, KB / 2);
+  tile_product(reinterpret_cast<const uint16_t*>(t.vt2), KB, t.p2, R, t.rows.acc, R, D / 16, R / 16, steps, true);
+}
+#endif
 #endif
 
 template <typename T>
 void run(ffi::ThreadPool& pool, const float* qp, const T* kp, const T* vp, const bool* sp, float* op, int64_t B,
          int64_t T_, int64_t N, int64_t D, int64_t S, int64_t K, int64_t start, float scale, bool round_p,
-         bool dot_bf16) {
+         bool dot_bf16, bool amx_tiles) {
   const int64_t G = N / K;
   const int64_t TT = std::min<int64_t>(T_, TOKENS);  // T is a multiple of 8, so is every tile
   const int64_t tiles = (T_ + TT - 1) / TT;
@@ -304,13 +359,18 @@ void run(ffi::ThreadPool& pool, const float* qp, const T* kp, const T* vp, const
 #else
   const bool dot = false;
 #endif
+#if defined(SEARCHJAX_AMX)
+  const bool amx = dot && amx_tiles && D % 32 == 0 && amx_permitted();
+#else
+  const bool amx = false;
+#endif
   parallel_tasks(pool, B * K * tiles, [&](int64_t task) {
     const int64_t b = task / (K * tiles), h = (task / tiles) % K, t0 = (task % tiles) * TT;
     const int64_t tokens = std::min(TT, T_ - t0), R = dot ? (G * tokens + 15) / 16 * 16 : G * tokens;
     thread_local std::vector<float> buffer;
-    // acc [D, R], logits [KB, R], m, l [R], then the queries: [D, R] f32 or [D / 2, R] pairs, and the dot
-    // form's probability and value pairs
-    buffer.assign(2 * D * R + KB * R + 2 * R + KB / 2 * R + KB / 2 * D, 0.f);
+    // acc [D, R], logits [KB, R], m, l [R], then the queries: [D, R] f32 or [D / 2, R] pairs, the dot form's
+    // probability and value pairs, the AMX form's transposed value pairs and padded key rows
+    buffer.assign(2 * D * R + KB * R + 2 * R + KB / 2 * R + KB * D + 8 * D, 0.f);
     float* f = buffer.data();
     const Rows rows{sp + b * S, R, tokens, D, start + t0, f, f + D * R, f + D * R + KB * R, f + D * R + KB * R + R};
     float* queries = f + D * R + KB * R + 2 * R;
@@ -322,13 +382,20 @@ void run(ffi::ThreadPool& pool, const float* qp, const T* kp, const T* vp, const
     if (dot) {
 #if defined(__AVX512BF16__)
       auto* q2 = reinterpret_cast<uint32_t*>(queries);
+      uint32_t* v2 = q2 + D / 2 * R + KB / 2 * R;
       DotTask t{rows, reinterpret_cast<const uint16_t*>(kp) + offset, reinterpret_cast<const uint16_t*>(vp) + offset,
-                K * D, scale, q2, q2 + D / 2 * R, q2 + D / 2 * R + KB / 2 * R};
+                K * D, scale, q2, q2 + D / 2 * R, v2, v2 + KB / 2 * D, reinterpret_cast<uint16_t*>(v2 + KB * D)};
       for (int64_t g = 0; g < G; ++g)
         for (int64_t i = 0; i < tokens; ++i)
           for (int64_t d = 0; d < D; d += 2)
             q2[d / 2 * R + g * tokens + i] = bf16_bits(query(g, i, d)) | bf16_bits(query(g, i, d + 1)) << 16;
-      for (int64_t s0 = 0; s0 < end; s0 += KB) dot_key_block(t, s0, std::min(KB, end - s0));
+#if defined(SEARCHJAX_AMX)
+      if (amx) {
+        TileScope scope(tile_config(16, 0));
+        for (int64_t s0 = 0; s0 < end; s0 += KB) amx_key_block(t, s0, std::min(KB, end - s0));
+      }
+#endif
+      for (int64_t s0 = 0; s0 < end && !amx; s0 += KB) dot_key_block(t, s0, std::min(KB, end - s0));
 #endif
     } else {
       Task<T> t{rows, kp + offset, vp + offset, K * D, queries};
@@ -348,7 +415,7 @@ void run(ffi::ThreadPool& pool, const float* qp, const T* kp, const T* vp, const
 
 ffi::Error block_attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                            ffi::Buffer<ffi::PRED> seen, ffi::Buffer<ffi::S32> first, float scale, bool round_p,
-                           bool dot_bf16, ffi::ResultBuffer<ffi::F32> out) {
+                           bool dot_bf16, bool amx_tiles, ffi::ResultBuffer<ffi::F32> out) {
   const auto qd = q.dimensions(), kd = k.dimensions();  // [B, T, N, D], [B, S, K, D]
   const auto type = k.element_type();
   const bool bf16 = type == ffi::DataType::BF16 || type == ffi::DataType::U16;
@@ -365,10 +432,10 @@ ffi::Error block_attention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::A
   float* op = out->typed_data();
   if (bf16)
     run(pool, qp, static_cast<const uint16_t*>(k.untyped_data()), static_cast<const uint16_t*>(v.untyped_data()),
-        sp, op, B, T, N, D, S, K, start, scale, round_p, dot_bf16);
+        sp, op, B, T, N, D, S, K, start, scale, round_p, dot_bf16, amx_tiles);
   else
     run(pool, qp, static_cast<const float*>(k.untyped_data()), static_cast<const float*>(v.untyped_data()), sp, op,
-        B, T, N, D, S, K, start, scale, round_p, dot_bf16);
+        B, T, N, D, S, K, start, scale, round_p, dot_bf16, amx_tiles);
   return ffi::Error::Success();
 }
 
@@ -385,4 +452,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SearchjaxBlockAttention, block_attention,
                                   .Attr<float>("scale")
                                   .Attr<bool>("round_p")
                                   .Attr<bool>("dot_bf16")
+                                  .Attr<bool>("amx_tiles")
                                   .Ret<ffi::Buffer<ffi::F32>>());

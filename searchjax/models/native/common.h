@@ -15,12 +15,6 @@
 #include <immintrin.h>
 #endif
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#define SEARCHJAX_AMX 1  // the build has AMX's tiles and TDPBF16PS (-march=native on a CPU with them)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
-
 #include "xla/ffi/api/ffi.h"
 
 namespace searchjax_native {
@@ -154,44 +148,5 @@ void parallel_tasks(ffi::ThreadPool& pool, int64_t tasks, const Work& work) {
   pass->closed = true;
   pass->finished_cv.wait(lock, [&] { return pass->finished == pass->started; });
 }
-
-#if defined(SEARCHJAX_AMX)
-// Linux gives a process AMX's tile data only on request (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA; once per
-// process, for all its threads); where it refuses, or SEARCHJAX_AMX=0 asks (the benchmarks time the AVX-512 forms
-// beside the tiles with it), the kernels run their AVX-512 forms.
-inline bool amx_permitted() {
-  static const bool permitted = [] {
-    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-    const char* wanted = std::getenv("SEARCHJAX_AMX");
-    if (wanted != nullptr && std::strcmp(wanted, "0") == 0) return false;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return permitted;
-}
-
-// LDTILECFG's 64 bytes: palette 1 gives 8 tiles of up to 16 rows x 64 bytes, each tile's shape set here.
-struct alignas(64) TileConfig {
-  uint8_t palette = 0, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// `config` loaded for this scope. A pool thread may run XLA's own AMX GEMMs between our calls, so the thread's
-// previous configuration is saved and put back at the end (one that had none, palette 0, gets its tiles released).
-struct TileScope {
-  TileConfig saved;
-  explicit TileScope(const TileConfig& config) {
-    _tile_storeconfig(&saved);
-    _tile_loadconfig(&config);
-  }
-  ~TileScope() {
-    if (saved.palette == 0) _tile_release();
-    else _tile_loadconfig(&saved);
-  }
-  TileScope(const TileScope&) = delete;
-  TileScope& operator=(const TileScope&) = delete;
-};
-#endif
 
 }  // namespace searchjax_native

@@ -31,6 +31,7 @@
 #include <optional>
 #include <vector>
 
+#include "amx.h"
 #include "common.h"
 
 namespace {
@@ -173,14 +174,13 @@ const uint32_t* query_pairs(const float* q, int64_t D) {
 }
 
 // probs[g, s] = q[g] . k[:, s] for s in [begin, end), keys as [D / 2, W] pairs (dims 2i, 2i + 1 of slot s in one
-// uint32, 2i in the low half): eight pairs (16 dims) per pass over the window, four in a last pass where D / 2 is
-// not a multiple of 8; q's pairs made once. (Four pairs per pass over 8 slots with 256-bit vectors took 1.6x the
+// uint32, 2i in the low half), q as its pairs qp (`query_pairs`): eight pairs (16 dims) per pass over the window,
+// four in a last pass where D / 2 is not a multiple of 8. (Four pairs per pass over 8 slots with 256-bit vectors took 1.6x the
 // time of P V; per slot and pair this issues 2.3x fewer instructions and passes over the logits half as often.)
 template <int G>
-void paired_logits(const float* q, const uint32_t* kw, int64_t D, int64_t W, int64_t begin, int64_t end,
+void paired_logits(const uint32_t* qp, const uint32_t* kw, int64_t D, int64_t W, int64_t begin, int64_t end,
                    float* probs) {
   const int64_t half = D / 2;  // a multiple of 4
-  const uint32_t* qp = query_pairs<G>(q, D);
   // the first pass writes the logits (no pass to zero them first), the others add to them
   int64_t i = half >= 8 ? 8 : 4;
   if (i == 8) logits_pass<G, 8, true>(qp, half, kw, W, begin, end, probs);
@@ -242,35 +242,22 @@ inline void probability_pairs(const float* probs, float total, int64_t begin, in
 // A tiles (G rows). Why: on a 2-core Xeon with AMX (2026-12-05) vdpbf16ps, 21 bytes of window per instruction,
 // bound the window's read below the host's streaming read; one TDPBF16PS takes 1 KB of window.
 // Tiles 0..3: C, G x 16 f32 (four 16-slot chunks of logits, or four 16-column blocks of P V); tile 4: A, G rows of
-// 16 pairs; tiles 5, 6: B, taken in turn.
-TileConfig attention_tiles(int G) {
-  TileConfig config;
-  config.palette = 1;
-  for (int t = 0; t < 5; ++t) config.rows[t] = G, config.colsb[t] = 64;
-  for (int t = 5; t < 7; ++t) config.rows[t] = 16, config.colsb[t] = 64;
-  return config;
-}
+// 16 pairs; tiles 5, 6: B, taken in turn (`tile_config(G, 0x1f)`).
 
-// probs[g, s0 : s0 + 16 C] = q[g] . k[:, s] for C chunks of 16 slots (C tiles; tile numbers are immediates).
+// probs[g, s0 : s0 + 16 C] = q[g] . k[:, s] for C chunks of 16 slots (C tiles).
 template <int C>
 inline void amx_logits(const uint32_t* qp, int64_t half, const uint32_t* kw, int64_t W, int64_t s0, float* probs) {
-  _tile_zero(0);
-  if constexpr (C > 1) _tile_zero(1);
-  if constexpr (C > 2) _tile_zero(2);
-  if constexpr (C > 3) _tile_zero(3);
+  each_tile<C>([](auto c) { tile_zero<decltype(c)::value>(); });
   for (int64_t i = 0; i < half; i += 16) {
     const uint32_t* k = kw + i * W + s0;
-    _tile_loadd(4, qp + i, half * 4);
-    _tile_loadd(5, k, W * 4);
-    _tile_dpbf16ps(0, 4, 5);
-    if constexpr (C > 1) { _tile_loadd(6, k + 16, W * 4); _tile_dpbf16ps(1, 4, 6); }
-    if constexpr (C > 2) { _tile_loadd(5, k + 32, W * 4); _tile_dpbf16ps(2, 4, 5); }
-    if constexpr (C > 3) { _tile_loadd(6, k + 48, W * 4); _tile_dpbf16ps(3, 4, 6); }
+    tile_load<4>(qp + i, half * 4);
+    each_tile<C>([&](auto c) {
+      constexpr int t = decltype(c)::value;
+      tile_load<5 + t % 2>(k + 16 * t, W * 4);
+      tile_dot<t, 4, 5 + t % 2>();
+    });
   }
-  _tile_stored(0, probs + s0, W * 4);
-  if constexpr (C > 1) _tile_stored(1, probs + s0 + 16, W * 4);
-  if constexpr (C > 2) _tile_stored(2, probs + s0 + 32, W * 4);
-  if constexpr (C > 3) _tile_stored(3, probs + s0 + 48, W * 4);
+  each_tile<C>([&](auto c) { tile_store<decltype(c)::value>(probs + s0 + 16 * decltype(c)::value, W * 4); });
 }
 
 // out[g, 16 q0 : 16 (q0 + C)] (+)= sum_j pairs[g, j] . v_q[j] over slot pairs j in [j0, j1) (multiples of 16),
@@ -279,30 +266,21 @@ template <int C>
 inline void amx_probs_times_values(const uint32_t* pairs, const uint32_t* values, int64_t W, int64_t j0, int64_t j1,
                                    int64_t q0, int64_t D, float* out, bool add) {
   const int64_t half = W / 2;
-  if (add) {
-    _tile_loadd(0, out + 16 * q0, D * 4);
-    if constexpr (C > 1) _tile_loadd(1, out + 16 * q0 + 16, D * 4);
-    if constexpr (C > 2) _tile_loadd(2, out + 16 * q0 + 32, D * 4);
-    if constexpr (C > 3) _tile_loadd(3, out + 16 * q0 + 48, D * 4);
-  } else {
-    _tile_zero(0);
-    if constexpr (C > 1) _tile_zero(1);
-    if constexpr (C > 2) _tile_zero(2);
-    if constexpr (C > 3) _tile_zero(3);
-  }
+  each_tile<C>([&](auto c) {
+    constexpr int t = decltype(c)::value;
+    if (add) tile_load<t>(out + 16 * (q0 + t), D * 4);
+    else tile_zero<t>();
+  });
   for (int64_t j = j0; j < j1; j += 16) {
     const uint32_t* v = values + (q0 * half + j) * 16;
-    _tile_loadd(4, pairs + j, half * 4);
-    _tile_loadd(5, v, 64);
-    _tile_dpbf16ps(0, 4, 5);
-    if constexpr (C > 1) { _tile_loadd(6, v + half * 16, 64); _tile_dpbf16ps(1, 4, 6); }
-    if constexpr (C > 2) { _tile_loadd(5, v + 2 * half * 16, 64); _tile_dpbf16ps(2, 4, 5); }
-    if constexpr (C > 3) { _tile_loadd(6, v + 3 * half * 16, 64); _tile_dpbf16ps(3, 4, 6); }
+    tile_load<4>(pairs + j, half * 4);
+    each_tile<C>([&](auto c) {
+      constexpr int t = decltype(c)::value;
+      tile_load<5 + t % 2>(v + t * half * 16, 64);
+      tile_dot<t, 4, 5 + t % 2>();
+    });
   }
-  _tile_stored(0, out + 16 * q0, D * 4);
-  if constexpr (C > 1) _tile_stored(1, out + 16 * q0 + 16, D * 4);
-  if constexpr (C > 2) _tile_stored(2, out + 16 * q0 + 32, D * 4);
-  if constexpr (C > 3) _tile_stored(3, out + 16 * q0 + 48, D * 4);
+  each_tile<C>([&](auto c) { tile_store<decltype(c)::value>(out + 16 * (q0 + decltype(c)::value), D * 4); });
 }
 
 // The logits of the slots [begin, end) (multiples of 16), 64 slots per pass over q's pairs.
@@ -354,10 +332,11 @@ void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool r
 #if defined(__AVX512BF16__)
   if (paired) {
     const uint32_t* kw32 = static_cast<const uint32_t*>(h.k_window);
-    if (begin < tiles_begin) paired_logits<G>(h.q, kw32, D, W, begin, tiles_begin, probs);
-    if (tiles_end < end) paired_logits<G>(h.q, kw32, D, W, tiles_end, end, probs);
+    const uint32_t* qp = query_pairs<G>(h.q, D);  // once for the stretch's ends and its tiles
+    if (begin < tiles_begin) paired_logits<G>(qp, kw32, D, W, begin, tiles_begin, probs);
+    if (tiles_end < end) paired_logits<G>(qp, kw32, D, W, tiles_end, end, probs);
 #if defined(SEARCHJAX_AMX)
-    if (tiles_begin < tiles_end) amx_all_logits(query_pairs<G>(h.q, D), D / 2, kw32, W, tiles_begin, tiles_end, probs);
+    if (tiles_begin < tiles_end) amx_all_logits(qp, D / 2, kw32, W, tiles_begin, tiles_end, probs);
 #endif
   }
 #endif
@@ -467,7 +446,7 @@ ffi::Error run(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_new, ffi
                  visp + (t / K) * W, outp + t * G * D};
 #if defined(SEARCHJAX_AMX)
     std::optional<TileScope> tiles;
-    if (amx) tiles.emplace(attention_tiles(G));
+    if (amx) tiles.emplace(tile_config(G, 0x1f));
 #endif
     if (bf16) attend<G, uint16_t>(h, D, W, CB, scale, round_p, paired, value_pairs, amx, probs.data(), pairs.data());
     else attend<G, float>(h, D, W, CB, scale, round_p, false, false, false, probs.data(), nullptr);

@@ -29,6 +29,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "common.h"
 
 
@@ -115,15 +116,7 @@ inline void pair_tile(const uint32_t* xp, const uint16_t* block, float* y, int64
 constexpr int64_t AHEAD = 3;  // k steps of 32 a B tile's rows are prefetched before their load (`amx_tile`)
 
 // Tiles 0..NC-1: C, `rows` x 16 f32 each; tile 3: A, `rows` x 32 bf16 of x; tiles 4..3+NC: B, 16 k pairs x 16
-// columns x 2.
-TileConfig matmul_tiles(int rows, int nc) {
-  TileConfig config;
-  config.palette = 1;
-  for (int c = 0; c < nc; ++c) config.rows[c] = rows, config.colsb[c] = 64;
-  config.rows[3] = rows, config.colsb[3] = 64;
-  for (int c = 0; c < nc; ++c) config.rows[4 + c] = 16, config.colsb[4 + c] = 64;
-  return config;
-}
+// columns x 2 (`tile_config(rows, 0x0f)`).
 
 // y[m0:m0+rows, n0:n0+16NC] = x[m0:m0+rows] w_block, x bf16 [M, K] (K a multiple of 32), w_block [K / 2, 16 NC, 2]:
 // per 32 k, one A tile of x and NC B tiles (tile numbers are immediates, hence the unrolled NC = 2 or 3).
@@ -132,25 +125,17 @@ inline void amx_tile(const uint16_t* x, const uint16_t* block, float* y, int64_t
                      int64_t n0) {
   static_assert(NC == 2 || NC == 3, "blocks of 32 or 48 columns");
   constexpr int64_t pair_row = 16 * NC * 2;  // bf16 values per k pair of the block
-  _tile_zero(0);
-  _tile_zero(1);
-  if constexpr (NC == 3) _tile_zero(2);
+  each_tile<NC>([](auto c) { tile_zero<decltype(c)::value>(); });
   for (int64_t k = 0; k < K; k += 32) {
     const uint16_t* b = block + (k / 2) * pair_row;
     // The B tiles are reused only after their product: a load waits for the memory, so fetch AHEAD k steps early
     const char* ahead = reinterpret_cast<const char*>(b) + AHEAD * 16 * pair_row * 2;
     for (int64_t line = 0; line < 16 * pair_row * 2; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
-    _tile_loadd(3, x + m0 * K + k, K * 2);
-    _tile_loadd(4, b, pair_row * 2);
-    _tile_loadd(5, b + 32, pair_row * 2);
-    if constexpr (NC == 3) _tile_loadd(6, b + 64, pair_row * 2);
-    _tile_dpbf16ps(0, 3, 4);
-    _tile_dpbf16ps(1, 3, 5);
-    if constexpr (NC == 3) _tile_dpbf16ps(2, 3, 6);
+    tile_load<3>(x + m0 * K + k, K * 2);
+    each_tile<NC>([&](auto c) { tile_load<4 + decltype(c)::value>(b + 32 * decltype(c)::value, pair_row * 2); });
+    each_tile<NC>([](auto c) { tile_dot<decltype(c)::value, 3, 4 + decltype(c)::value>(); });
   }
-  _tile_stored(0, y + m0 * N + n0, N * 4);
-  _tile_stored(1, y + m0 * N + n0 + 16, N * 4);
-  if constexpr (NC == 3) _tile_stored(2, y + m0 * N + n0 + 32, N * 4);
+  each_tile<NC>([&](auto c) { tile_store<decltype(c)::value>(y + m0 * N + n0 + 16 * decltype(c)::value, N * 4); });
 }
 
 // The blocks [b0, b1) of a weight in 32- or 48-column pair blocks, every row of x, in groups of up to 16 rows.
@@ -160,13 +145,10 @@ void amx_blocks(const uint16_t* x, const uint16_t* w, float* y, int64_t M, int64
   constexpr int64_t NB = 16 * NC;
   for (int64_t m = 0; m < M; m += 16) {
     const int rows = int(std::min<int64_t>(16, M - m));
-    TileScope scope(matmul_tiles(rows, NC));
+    TileScope scope(tile_config(rows, 0x0f));
     for (int64_t b = b0; b < b1; ++b) amx_tile<NC>(x, w + b * K * NB, y, K, N, m, b * NB);
   }
 }
-
-// Whether `run` takes the AMX tiles for a bf16 call: blocks of 32 or 48 columns, K a multiple of 32.
-bool amx_fits(int64_t NB, int64_t K) { return (NB == 32 || NB == 48) && K % 32 == 0 && amx_permitted(); }
 #endif
 
 // 512-bit vectors for blocks of 32 or 48 columns (NV 4 or 6), 256-bit for 8, 16 or 24.
@@ -207,7 +189,7 @@ ffi::Error run(ffi::ThreadPool& pool, const X* x, const T* w, float* y, int64_t 
   const int64_t tasks = (blocks + per_task - 1) / per_task;
 #if defined(SEARCHJAX_AMX)
   if constexpr (std::is_same<X, uint16_t>::value && (NV == 4 || NV == 6)) {
-    if (amx_fits(NB, K)) {
+    if (K % 32 == 0 && amx_permitted()) {  // blocks of 32 or 48 columns (NV 4 or 6) on the tiles
       parallel_tasks(pool, tasks, [&](int64_t t) {
         amx_blocks<NV * 8 / 16>(x, w, y, M, K, N, t * per_task, std::min(blocks, (t + 1) * per_task));
       });
