@@ -244,12 +244,19 @@ inline void probability_pairs(const float* probs, float total, int64_t begin, in
 // Tiles 0..3: C, G x 16 f32 (four 16-slot chunks of logits, or four 16-column blocks of P V); tile 4: A, G rows of
 // 16 pairs; tiles 5, 6: B, taken in turn (`tile_config(G, 0x1f)`).
 
+// Window bytes a tile's rows are fetched ahead of their load: a tile load waits on memory, and a product waits on
+// its load (as the skinny matmul's B tiles, `AHEAD` there).
+constexpr int64_t FETCH_AHEAD = 512;
+
 // probs[g, s0 : s0 + 16 C] = q[g] . k[:, s] for C chunks of 16 slots (C tiles).
 template <int C>
 inline void amx_logits(const uint32_t* qp, int64_t half, const uint32_t* kw, int64_t W, int64_t s0, float* probs) {
   each_tile<C>([](auto c) { tile_zero<decltype(c)::value>(); });
   for (int64_t i = 0; i < half; i += 16) {
     const uint32_t* k = kw + i * W + s0;
+    for (int64_t r = 0; r < 16; ++r)  // the same 16 rows of pairs, FETCH_AHEAD bytes further along the slots
+      for (int64_t line = 0; line < C * 64; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(k + r * W) + FETCH_AHEAD + line, _MM_HINT_T0);
     tile_load<4>(qp + i, half * 4);
     each_tile<C>([&](auto c) {
       constexpr int t = decltype(c)::value;
@@ -276,6 +283,8 @@ inline void amx_probs_times_values(const uint32_t* pairs, const uint32_t* values
     tile_load<4>(pairs + j, half * 4);
     each_tile<C>([&](auto c) {
       constexpr int t = decltype(c)::value;
+      const char* ahead = reinterpret_cast<const char*>(v + t * half * 16) + FETCH_AHEAD;
+      for (int64_t line = 0; line < 1024; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
       tile_load<5 + t % 2>(v + t * half * 16, 64);
       tile_dot<t, 4, 5 + t % 2>();
     });
