@@ -175,8 +175,9 @@ const uint32_t* query_pairs(const float* q, int64_t D) {
 
 // probs[g, s] = q[g] . k[:, s] for s in [begin, end), keys as [D / 2, W] pairs (dims 2i, 2i + 1 of slot s in one
 // uint32, 2i in the low half), q as its pairs qp (`query_pairs`): eight pairs (16 dims) per pass over the window,
-// four in a last pass where D / 2 is not a multiple of 8. (Four pairs per pass over 8 slots with 256-bit vectors took 1.6x the
-// time of P V; per slot and pair this issues 2.3x fewer instructions and passes over the logits half as often.)
+// four in a last pass where D / 2 is not a multiple of 8. (Four pairs per pass over 8 slots with 256-bit vectors
+// took 1.6x the time of P V; per slot and pair this issues 2.3x fewer instructions and passes over the logits half
+// as often.)
 template <int G>
 void paired_logits(const uint32_t* qp, const uint32_t* kw, int64_t D, int64_t W, int64_t begin, int64_t end,
                    float* probs) {
