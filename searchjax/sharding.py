@@ -273,6 +273,11 @@ def activation_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh
     return PartitionSpec(*spec)
 
 
+def activation_sharding_active() -> bool:
+    """Whether code is being traced inside `activation_sharding` with a mesh (its activations pinned to one)."""
+    return _ACTIVE.get() is not None
+
+
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
     """`x` pinned to its logical axes' layout inside `activation_sharding` (under jit); else x unchanged."""
     active = _ACTIVE.get()

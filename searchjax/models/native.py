@@ -6,7 +6,9 @@ through XLA's FFI.
   (`pack_columns`), the decode step's projections and LM head at batch 2-32, 1-32 in bf16 (`cpu_decode.layer_weights`);
 * block attention (`native/block_attention.cc`): a prompt or an appended block attending over the cache's
   window with an online softmax (`block_attention`; prefill and append use it on one CPU device through
-  `decode_steps.block_model`).
+  `decode_steps.block_model`);
+* the LM head's log-probabilities (`native/head_logprobs.cc`): log softmax(x w^T / temperature)[target] without
+  the logits (`head_logprobs`; bf16 teacher-forced scoring on a CPU with AMX, `scoring.target_logprobs`).
 
 They exist because XLA:CPU's code for these shapes runs far below the host's memory bandwidth or FMA peak
 (`docs/performance.md`, "CPU kernels for the decode step" and "Appends"). They are C++ against the headers jaxlib ships
@@ -22,7 +24,8 @@ the same thing (`tests/models/test_native.py` and `test_decode_attention.py` che
 
 On a CPU with AMX (Intel Sapphire Rapids and later) the bf16 products of the skinny matmul, of decode attention and
 of block attention run on AMX's tiles (TDPBF16PS) where their operands fit whole tiles, the rest through AVX-512
-BF16 as elsewhere (`amx_tiles`; native/amx.h); `SEARCHJAX_AMX=0` keeps them on AVX-512.
+BF16 as elsewhere (`amx_tiles`; native/amx.h); `SEARCHJAX_AMX=0` keeps them on AVX-512. The LM head's kernel is
+used only there (`head_logprobs_fits`).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ SOURCE_DIR = pathlib.Path(__file__).parent / "native"
 DECODE_ATTENTION_TARGET = "searchjax_decode_attention"
 SKINNY_MATMUL_TARGET = "searchjax_skinny_matmul"
 BLOCK_ATTENTION_TARGET = "searchjax_block_attention"
+HEAD_LOGPROBS_TARGET = "searchjax_head_logprobs"
 CXX_FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
 # The rows a skinny matmul takes (`skinny_rows`): from a few dozen rows on XLA's GEMM is efficient. One row of
 # a float32 weight is a matrix-vector product XLA:CPU already streams at bandwidth; one row of a bfloat16 weight
@@ -165,6 +169,33 @@ def block_attention(q: jax.Array, k: jax.Array, v: jax.Array, seen: jax.Array, f
     return jax.ffi.ffi_call(BLOCK_ATTENTION_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))(
         q.astype(jnp.float32), k, v, seen, jnp.asarray(first, jnp.int32), scale=np.float32(scale),
         round_p=bool(q.dtype == jnp.bfloat16), dot_bf16=bool(dot_bf16), amx_tiles=bool(amx_tiles)).astype(q.dtype)
+
+
+def head_logprobs_target() -> Optional[str]:
+    """The FFI target of the LM-head log-probability kernel (built on first call), or None when the kernels are
+    off or it cannot be built (`_target`)."""
+    return None if not enabled() else _target(HEAD_LOGPROBS_TARGET, "head_logprobs.cc", "SearchjaxHeadLogprobs")
+
+
+def head_logprobs_fits(x: jax.Array) -> bool:
+    """Whether `head_logprobs` is the fast form for hidden rows x [..., H] (and the head cast to x's dtype): x
+    bfloat16, H a multiple of 32, and the products on AMX's tiles here (`amx_tiles`; elsewhere the kernel's plain
+    loops are far slower than XLA's GEMM)."""
+    return x.dtype == jnp.bfloat16 and x.shape[-1] % 32 == 0 and amx_tiles() and head_logprobs_target() is not None
+
+
+def head_logprobs(x: jax.Array, w: jax.Array, targets: jax.Array, temperature, amx_tiles: bool = True):
+    """(logp, lse), each [M] float32, for hidden rows x [M, H] bf16, the output embedding w [V, H] bf16 and
+    targets [M] int: with z = x w^T / temperature accumulated in float32, lse = log sum_v exp z[:, v] and logp =
+    z[m, targets[m]] - lse, without the [M, V] logits (native/head_logprobs.cc: AMX's tiles where the CPU has them
+    and amx_tiles is True, plain loops otherwise, which the tests compare). A target outside [0, V) gives -lse."""
+    if head_logprobs_target() is None:
+        raise RuntimeError("head_logprobs: the kernel is off (SEARCHJAX_NATIVE=0) or could not be built here")
+    M = x.shape[0]
+    out = jax.ShapeDtypeStruct((M,), jnp.float32)
+    return jax.ffi.ffi_call(HEAD_LOGPROBS_TARGET, (out, out))(
+        x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), targets.astype(jnp.int32),
+        jnp.asarray(temperature, jnp.float32), amx_tiles=bool(amx_tiles))
 
 
 def column_block(columns: int, pairs: bool = False) -> Optional[int]:
