@@ -8,7 +8,8 @@ through XLA's FFI.
   window with an online softmax (`block_attention`; prefill and append use it on one CPU device through
   `decode_steps.block_model`);
 * the LM head's log-probabilities (`native/head_logprobs.cc`): log softmax(x w^T / temperature)[target] without
-  the logits (`head_logprobs`; bf16 teacher-forced scoring on a CPU with AMX, `scoring.target_logprobs`).
+  the logits (`head_logprobs`; bf16 teacher-forced scoring and RLIF's statistics on a CPU with AMX,
+  `scoring.target_logprobs`, `rlif.head_statistics`).
 
 They exist because XLA:CPU's code for these shapes runs far below the host's memory bandwidth or FMA peak
 (`docs/performance.md`, "CPU kernels for the decode step" and "Appends"). They are C++ against the headers jaxlib ships
@@ -185,15 +186,16 @@ def head_logprobs_fits(x: jax.Array) -> bool:
 
 
 def head_logprobs(x: jax.Array, w: jax.Array, targets: jax.Array, temperature, amx_tiles: bool = True):
-    """(logp, lse), each [M] float32, for hidden rows x [M, H] bf16, the output embedding w [V, H] bf16 and
-    targets [M] int: with z = x w^T / temperature accumulated in float32, lse = log sum_v exp z[:, v] and logp =
-    z[m, targets[m]] - lse, without the [M, V] logits (native/head_logprobs.cc: AMX's tiles where the CPU has them
-    and amx_tiles is True, plain loops otherwise, which the tests compare). A target outside [0, V) gives -lse."""
+    """(logp, lse, total), each [M] float32, for hidden rows x [M, H] bf16, the output embedding w [V, H] bf16 and
+    targets [M] int: with z = x w^T / temperature accumulated in float32, lse = log sum_v exp z[:, v], logp =
+    z[m, targets[m]] - lse and total = sum_v z[:, v], without the [M, V] logits (native/head_logprobs.cc: AMX's
+    tiles where the CPU has them and amx_tiles is True, plain loops otherwise, which the tests compare). A target
+    outside [0, V) gives -lse."""
     if head_logprobs_target() is None:
         raise RuntimeError("head_logprobs: the kernel is off (SEARCHJAX_NATIVE=0) or could not be built here")
     M = x.shape[0]
     out = jax.ShapeDtypeStruct((M,), jnp.float32)
-    return jax.ffi.ffi_call(HEAD_LOGPROBS_TARGET, (out, out))(
+    return jax.ffi.ffi_call(HEAD_LOGPROBS_TARGET, (out, out, out))(
         x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), targets.astype(jnp.int32),
         jnp.asarray(temperature, jnp.float32), amx_tiles=bool(amx_tiles))
 

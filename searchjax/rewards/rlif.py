@@ -85,11 +85,20 @@ def head_statistics(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
 
     hidden [B, T, H]; lm_head [H, V]; targets [B, T]. One pass over the head: in one piece when the float32
     logits take at most SINGLE_PASS_LOGITS_BYTES, else in strided vocabulary chunks (chunk k = ids k, k + n,
-    ...) carrying (max m, sum exp s, picked logit, sum of logits): log Z = m + log s, mean z = sum / V.
+    ...) carrying (max m, sum exp s, picked logit, sum of logits): log Z = m + log s, mean z = sum / V. A bf16
+    head on one CPU with AMX runs the same statistics in `native.head_logprobs` (`scoring.target_logprobs`' rule;
+    not differentiated: this is the old-policy pass).
     """
+    from searchjax import scoring
+    from searchjax.models import native
     H, V = lm_head.shape
     temperature = jnp.asarray(temperature, jnp.float32)
     log_v = jnp.float32(math.log(V))
+    if vocab_chunk is None and scoring._head_kernel_fits(hidden):  # a bf16 head on one CPU with AMX
+        B, T = targets.shape
+        logp, lse, total = native.head_logprobs(hidden.reshape(B * T, H), jnp.transpose(lm_head.astype(hidden.dtype)),
+                                                targets.reshape(B * T), temperature)
+        return logp.reshape(B, T), (lse - total / V - log_v).reshape(B, T)
     if vocab_chunk is None:
         vocab_chunk = V if math.prod(targets.shape) * V * 4 <= SINGLE_PASS_LOGITS_BYTES else VOCAB_CHUNK
     n_chunks = max(1, math.ceil(V / vocab_chunk))
@@ -152,6 +161,7 @@ def make_logprob_certainty_fn(model, temperature: float, *, mesh=None, rules=Non
     """Jitted (params, input_ids [B, T], attention_mask [B, T], tail) -> ([B, tail], [B, tail]): the trainer's
     `make_logprob_fn` with the self-certainty of every position as a second output (params cast the same way)."""
     from searchjax.rl.trainer import batch_rows_sharding, cast_tree
+    from searchjax.sharding import with_activation_sharding
 
     def fn(params, ids, mask, tail):
         return tail_logprobs_and_self_certainty(model, cast_tree(params, model.config.weight_dtype), ids, mask,
@@ -159,6 +169,7 @@ def make_logprob_certainty_fn(model, temperature: float, *, mesh=None, rules=Non
     if mesh is None:
         return jax.jit(fn, static_argnums=3)
     rows = batch_rows_sharding(mesh, rules, stacked=False)
+    fn = with_activation_sharding(fn, mesh, rules)  # as the trainer's log-prob pass: activations pinned to the mesh
     return jax.jit(fn, in_shardings=(param_shardings, rows, rows), out_shardings=(rows, rows), static_argnums=3)
 
 

@@ -2,7 +2,7 @@
 numpy log-softmax, with AMX's tiles and with the kernel's plain loops (the two forms a host may run), at small
 shapes that reach every edge (a vocabulary off the 32-row block, tokens off the 32-token block, several token
 groups, the vocabulary split into parts) and at SmolLM2's real head; its hand-written VJP against autodiff of the
-plain log-softmax; and `scoring.target_logprobs`' switch to it."""
+plain log-softmax; `scoring.target_logprobs`' switch to it, and RLIF's statistics through it."""
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +12,7 @@ import pytest
 from searchjax import scoring
 from searchjax import sharding as shd
 from searchjax.models import native
+from searchjax.rewards import rlif
 
 # (M, H, V): one token; tokens and vocabulary off their 32-blocks; two 256-token groups (the vocabulary whole per
 # task); few tokens (the vocabulary in parts, merged)
@@ -25,12 +26,13 @@ def _inputs(M, H, V, seed, scale=0.3):
     return x, w, jnp.asarray(rng.integers(0, V, M), jnp.int32)
 
 
-def _reference(x, w, targets, temperature):
-    """(logp, lse) in float64 from the bf16 values."""
+def _reference(x, w, targets, temperature, with_total=False):
+    """(logp, lse) in float64 from the bf16 values (and the logits' sum over the vocabulary, with_total)."""
     z = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T / temperature
     top = z.max(axis=1)
     lse = top + np.log(np.exp(z - top[:, None]).sum(axis=1))
-    return z[np.arange(len(z)), np.asarray(targets)] - lse, lse
+    logp = z[np.arange(len(z)), np.asarray(targets)] - lse
+    return (logp, lse, z.sum(axis=1)) if with_total else (logp, lse)
 
 
 def _bound(x, w, temperature):
@@ -48,12 +50,13 @@ def test_head_logprobs_equals_the_float64_log_softmax(M, H, V, amx_tiles):
     assert native.head_logprobs_target() == native.HEAD_LOGPROBS_TARGET  # built here: CI runs the kernel
     x, w, targets = _inputs(M, H, V, seed=M * V)
     temperature = 0.7
-    logp, lse = jax.jit(native.head_logprobs, static_argnums=4)(x, w, targets, temperature, amx_tiles)
-    want_logp, want_lse = _reference(x, w, targets, temperature)
-    assert logp.shape == lse.shape == (M,) and logp.dtype == jnp.float32
+    logp, lse, total = jax.jit(native.head_logprobs, static_argnums=4)(x, w, targets, temperature, amx_tiles)
+    want_logp, want_lse, want_total = _reference(x, w, targets, temperature, with_total=True)
+    assert logp.shape == lse.shape == total.shape == (M,) and logp.dtype == jnp.float32
     bound = _bound(x, w, temperature)
     np.testing.assert_allclose(np.asarray(lse, np.float64), want_lse, rtol=0, atol=bound)
     np.testing.assert_allclose(np.asarray(logp, np.float64), want_logp, rtol=0, atol=bound)
+    np.testing.assert_allclose(np.asarray(total, np.float64), want_total, rtol=0, atol=V * bound)
 
 
 def test_head_logprobs_at_smollm2s_head(smollm2):
@@ -64,7 +67,7 @@ def test_head_logprobs_at_smollm2s_head(smollm2):
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((64, w.shape[1])) * 2.0, jnp.bfloat16)
     targets = jnp.asarray(rng.integers(0, w.shape[0], 64), jnp.int32)
-    logp, lse = jax.jit(native.head_logprobs)(x, w, targets, 1.0)
+    logp, lse, _ = jax.jit(native.head_logprobs)(x, w, targets, 1.0)
     want_logp, want_lse = _reference(x, w, targets, 1.0)
     # the worst-case bound is loose at H = 576 (~0.03); rounding errors of random sign give ~1e-5 in practice
     np.testing.assert_allclose(np.asarray(lse, np.float64), want_lse, rtol=0, atol=2e-4)
@@ -121,3 +124,22 @@ def test_target_logprobs_takes_the_kernel_where_it_fits():
     bound = _bound(x, w, 1.0)
     np.testing.assert_allclose(np.asarray(fused, np.float64).ravel(), want, rtol=0, atol=bound)
     np.testing.assert_allclose(np.asarray(chunked, np.float64).ravel(), want, rtol=0, atol=bound)
+
+
+def test_rlif_head_statistics_take_the_kernel_and_equal_the_float64_self_certainty():
+    """`rlif.head_statistics` on a bf16 head (the kernel where it fits, with its sum of logits): log p and
+    KL(U || p) against float64 numpy (`rlif.self_certainty_from_logits`) and against the chunked jnp form."""
+    x, w, targets = _inputs(16, 64, 300, seed=6)
+    hidden, head, targets = x.reshape(2, 8, 64), jnp.transpose(w), targets.reshape(2, 8)
+    temperature = 0.9
+    logp, certainty = jax.jit(lambda *a: rlif.head_statistics(*a, temperature=temperature))(hidden, head, targets)
+    chunked = jax.jit(lambda *a: rlif.head_statistics(*a, temperature=temperature, vocab_chunk=64))(hidden, head,
+                                                                                                  targets)
+    z = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T / temperature
+    want_logp, _ = _reference(x, w, targets.reshape(-1), temperature)
+    want_certainty = rlif.self_certainty_from_logits(z)
+    bound = _bound(x, w, temperature)
+    for got_logp, got_certainty in ((logp, certainty), chunked):
+        np.testing.assert_allclose(np.asarray(got_logp, np.float64).ravel(), want_logp, rtol=0, atol=bound)
+        np.testing.assert_allclose(np.asarray(got_certainty, np.float64).ravel(), want_certainty, rtol=0,
+                                   atol=2 * bound)

@@ -1,9 +1,10 @@
 // The LM head's log-probabilities of given targets without the [M, V] logits, as an XLA FFI handler on the CPU:
 //   z = x w^T / temperature (x [M, H] bf16 hidden rows, w [V, H] bf16 output embedding, f32 accumulation),
-//   lse[m] = log sum_v exp z[m, v],   logp[m] = z[m, target[m]] - lse[m],
+//   lse[m] = log sum_v exp z[m, v],   logp[m] = z[m, target[m]] - lse[m],   total[m] = sum_v z[m, v]
+// (the last for RLIF's self-certainty, lse - total / V - log V),
 // by the online log-sum-exp over blocks of 32 vocabulary rows (per row m: M' = max(M, max_b z), S' = S e^(M - M')
 // + sum_b e^(z - M'), log-sum-exp = M + log S). Built and registered by searchjax/models/native.py
-// (`head_logprobs`); `scoring.target_logprobs` calls it for bf16 heads on a CPU with AMX.
+// (`head_logprobs`); `scoring.target_logprobs` and `rlif.head_statistics` call it for bf16 heads on a CPU with AMX.
 //
 // Why by hand: teacher-forced scoring of 8 x 256 tokens through SmolLM2's 49,152-column head is a 116-GFLOP
 // product whose f32 logits (400 MB) XLA:CPU writes and reads back in six vocabulary chunks for the log-softmax:
@@ -40,10 +41,11 @@ constexpr int64_t L = sizeof(Lanes) / sizeof(float);
 
 inline Lanes vmax(Lanes a, Lanes b) { return a > b ? a : b; }
 
-// The running (max, sum, picked) of TB tokens, each already scaled by 1 / temperature, updated with a block of
-// logits c [VB, TB] (row r: vocabulary id v0 + r, `rows` of them valid; column i: token i, `tokens` valid).
+// The running (max, sum of exponentials, picked, sum) of TB tokens, each already scaled by 1 / temperature, updated
+// with a block of logits c [VB, TB] (row r: vocabulary id v0 + r, `rows` of them valid; column i: token i, `tokens`
+// valid).
 void fold(const float* c, int64_t rows, int64_t v0, const int32_t* targets, int64_t tokens, float inv_t, float* m,
-          float* s, float* picked) {
+          float* s, float* picked, float* total) {
   const Lanes scale = Lanes{} + inv_t;
   for (int64_t h = 0; h < TB; h += L) {
     // four chains: one waits on the max's latency
@@ -57,12 +59,22 @@ void fold(const float* c, int64_t rows, int64_t v0, const int32_t* targets, int6
     const Lanes old_max = load_lanes<Lanes>(m + h);
     const Lanes new_max = vmax(old_max, block_max);
     Lanes sum[4] = {load_lanes<Lanes>(s + h) * exp_nonpositive(old_max - new_max), Lanes{}, Lanes{}, Lanes{}};
+    Lanes plain = {};  // the block's logits, unscaled
     r = 0;
     for (; r + 4 <= rows; r += 4)
-      for (int j = 0; j < 4; ++j) sum[j] += exp_nonpositive(load_lanes<Lanes>(c + (r + j) * TB + h) * scale - new_max);
-    for (; r < rows; ++r) sum[0] += exp_nonpositive(load_lanes<Lanes>(c + r * TB + h) * scale - new_max);
+      for (int j = 0; j < 4; ++j) {
+        const Lanes z = load_lanes<Lanes>(c + (r + j) * TB + h);
+        plain += z;
+        sum[j] += exp_nonpositive(z * scale - new_max);
+      }
+    for (; r < rows; ++r) {
+      const Lanes z = load_lanes<Lanes>(c + r * TB + h);
+      plain += z;
+      sum[0] += exp_nonpositive(z * scale - new_max);
+    }
     store_lanes(m + h, new_max);
     store_lanes(s + h, (sum[0] + sum[1]) + (sum[2] + sum[3]));
+    store_lanes(total + h, load_lanes<Lanes>(total + h) + plain * scale);
   }
   for (int64_t i = 0; i < tokens; ++i) {
     const uint64_t row = uint64_t(int64_t(targets[i]) - v0);
@@ -83,7 +95,7 @@ void plain_block(const uint16_t* x, const uint16_t* w, int64_t H, int64_t v0, in
 }
 
 struct State {  // per token and vocabulary part
-  std::vector<float> m, s, picked;
+  std::vector<float> m, s, picked, total;
 };
 
 // Every block of logits of tokens [t0, t0 + tokens) against vocabulary rows [p0, p1) (multiples of VB but for
@@ -157,7 +169,7 @@ bool use_amx(bool amx_tiles, int64_t H) {
 
 ffi::Error head_logprobs(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> targets,
                          ffi::Buffer<ffi::F32> temperature, bool amx_tiles, ffi::ResultBuffer<ffi::F32> logp,
-                         ffi::ResultBuffer<ffi::F32> lse) {
+                         ffi::ResultBuffer<ffi::F32> lse, ffi::ResultBuffer<ffi::F32> total) {
   const auto xd = x.dimensions(), wd = w.dimensions();
   const auto is16 = [](ffi::DataType t) { return t == ffi::DataType::BF16 || t == ffi::DataType::U16; };
   if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || !is16(x.element_type()) || !is16(w.element_type()) ||
@@ -177,26 +189,31 @@ ffi::Error head_logprobs(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer 
     st.m.assign(padded, -std::numeric_limits<float>::infinity());
     st.s.assign(padded, 0.f);
     st.picked.assign(padded, 0.f);
+    st.total.assign(padded, 0.f);
   }
   const int64_t parts = each_task(pool, M, V, [&](int64_t t0, int64_t tokens, int64_t p0, int64_t p1, int64_t part) {
     State& st = states[part];
     each_block(xp, wp, H, t0, tokens, p0, p1, amx, [&](const float* c, int64_t rows, int64_t v0, int64_t b, int64_t n) {
       const int64_t at = t0 + b * TB;
-      fold(c, rows, v0, tp + at, n, inv_t, st.m.data() + at, st.s.data() + at, st.picked.data() + at);
+      fold(c, rows, v0, tp + at, n, inv_t, st.m.data() + at, st.s.data() + at, st.picked.data() + at,
+           st.total.data() + at);
     });
   });
   float* lp = logp->typed_data();
   float* lz = lse->typed_data();
+  float* tz = total->typed_data();
   for (int64_t i = 0; i < M; ++i) {
     float top = states[0].m[i];
     for (int64_t p = 1; p < parts; ++p) top = std::max(top, states[p].m[i]);
-    double sum = 0.0, picked = 0.0;
+    double sum = 0.0, picked = 0.0, all = 0.0;
     for (int64_t p = 0; p < parts; ++p) {
       sum += double(states[p].s[i]) * std::exp(double(states[p].m[i]) - double(top));
       picked += states[p].picked[i];  // the target lies in one part; the others left 0
+      all += states[p].total[i];
     }
     lz[i] = float(double(top) + std::log(sum));
     lp[i] = float(picked) - lz[i];
+    tz[i] = float(all);
   }
   return ffi::Error::Success();
 }
@@ -214,4 +231,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SearchjaxHeadLogprobs, head_logprobs,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // temperature []
                                   .Attr<bool>("amx_tiles")
                                   .Ret<ffi::Buffer<ffi::F32>>()  // logp [M]
-                                  .Ret<ffi::Buffer<ffi::F32>>());  // lse [M]
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // lse [M]
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // total [M]
