@@ -141,9 +141,8 @@ def _kernel_target_logprobs(hidden, w, targets, temperature, dense_backward: boo
 
 def _kernel_forward(hidden, w, targets, temperature):
     from searchjax.models import native
-    B, T, H = hidden.shape
-    logp, lse, _ = native.head_logprobs(hidden.reshape(B * T, H), w, targets.reshape(B * T), temperature)
-    return logp.reshape(B, T), lse.reshape(B, T)
+    logp, lse, _ = native.head_logprobs(hidden, w, targets, temperature)
+    return logp, lse
 
 
 def _kernel_target_logprobs_fwd(hidden, w, targets, temperature, dense_backward):

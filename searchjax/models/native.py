@@ -186,18 +186,19 @@ def head_logprobs_fits(x: jax.Array) -> bool:
 
 
 def head_logprobs(x: jax.Array, w: jax.Array, targets: jax.Array, temperature, amx_tiles: bool = True):
-    """(logp, lse, total), each [M] float32, for hidden rows x [M, H] bf16, the output embedding w [V, H] bf16 and
-    targets [M] int: with z = x w^T / temperature accumulated in float32, lse = log sum_v exp z[:, v], logp =
-    z[m, targets[m]] - lse and total = sum_v z[:, v], without the [M, V] logits (native/head_logprobs.cc: AMX's
+    """(logp, lse, total), each float32 shaped like targets, for hidden rows x [..., H] bf16 (targets [...] int) and
+    the output embedding w [V, H] bf16: with z = x w^T / temperature accumulated in float32, lse = log sum_v exp z,
+    logp = z[target] - lse and total = sum_v z, per row, without the logits (native/head_logprobs.cc: AMX's
     tiles where the CPU has them and amx_tiles is True, plain loops otherwise, which the tests compare). A target
     outside [0, V) gives -lse."""
     if head_logprobs_target() is None:
         raise RuntimeError("head_logprobs: the kernel is off (SEARCHJAX_NATIVE=0) or could not be built here")
-    M = x.shape[0]
+    M = targets.size
     out = jax.ShapeDtypeStruct((M,), jnp.float32)
-    return jax.ffi.ffi_call(HEAD_LOGPROBS_TARGET, (out, out, out))(
-        x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), targets.astype(jnp.int32),
+    results = jax.ffi.ffi_call(HEAD_LOGPROBS_TARGET, (out, out, out))(
+        x.reshape(M, x.shape[-1]).astype(jnp.bfloat16), w.astype(jnp.bfloat16), targets.reshape(M).astype(jnp.int32),
         jnp.asarray(temperature, jnp.float32), amx_tiles=bool(amx_tiles))
+    return tuple(r.reshape(targets.shape) for r in results)
 
 
 def column_block(columns: int, pairs: bool = False) -> Optional[int]:

@@ -95,10 +95,9 @@ def head_statistics(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
     temperature = jnp.asarray(temperature, jnp.float32)
     log_v = jnp.float32(math.log(V))
     if vocab_chunk is None and scoring._head_kernel_fits(hidden):  # a bf16 head on one CPU with AMX
-        B, T = targets.shape
-        logp, lse, total = native.head_logprobs(hidden.reshape(B * T, H), jnp.transpose(lm_head.astype(hidden.dtype)),
-                                                targets.reshape(B * T), temperature)
-        return logp.reshape(B, T), (lse - total / V - log_v).reshape(B, T)
+        logp, lse, total = native.head_logprobs(hidden, jnp.transpose(lm_head.astype(hidden.dtype)), targets,
+                                                temperature)
+        return logp, lse - total / V - log_v
     if vocab_chunk is None:
         vocab_chunk = V if math.prod(targets.shape) * V * 4 <= SINGLE_PASS_LOGITS_BYTES else VOCAB_CHUNK
     n_chunks = max(1, math.ceil(V / vocab_chunk))

@@ -141,23 +141,28 @@ void each_block(const uint16_t* x, const uint16_t* w, int64_t H, int64_t t0, int
   }
 }
 
-// Tasks over groups of tokens x parts of the vocabulary (parts only where the groups alone leave threads idle):
-// task(t0, tokens, p0, p1, part) for each, in parallel; returns the number of parts (at most `most_parts`).
-template <typename Task>
-int64_t each_task(ffi::ThreadPool& pool, int64_t M, int64_t V, const Task& task) {
+// Tokens in groups of up to GROUP (one task each), and the vocabulary in `parts` where the groups alone leave
+// threads idle.
+struct Split {
+  int64_t group, groups, parts;
+};
+Split split(ffi::ThreadPool& pool, int64_t M, int64_t V) {
   const int64_t group = std::min<int64_t>(GROUP, (M + TB - 1) / TB * TB);
   const int64_t groups = (M + group - 1) / group;
-  const int64_t vocab_blocks = (V + VB - 1) / VB;
-  const int64_t parts = std::min(vocab_blocks, std::max<int64_t>(1, (2 * workers(pool) + groups - 1) / groups));
-  parallel_tasks(pool, groups * parts, [&](int64_t t) {
-    const int64_t g = t / parts, part = t % parts;
-    const int64_t p0 = vocab_blocks * part / parts * VB, p1 = std::min(V, vocab_blocks * (part + 1) / parts * VB);
-    task(g * group, std::min(group, M - g * group), p0, p1, part);
-  });
-  return parts;
+  return {group, groups, std::min((V + VB - 1) / VB, std::max<int64_t>(1, (2 * workers(pool) + groups - 1) / groups))};
 }
 
-int64_t most_parts(ffi::ThreadPool& pool, int64_t V) { return std::min<int64_t>((V + VB - 1) / VB, 2 * workers(pool)); }
+// task(t0, tokens, p0, p1, part) for every group and part of `at`, in parallel.
+template <typename Task>
+void each_task(ffi::ThreadPool& pool, const Split& at, int64_t M, int64_t V, const Task& task) {
+  const int64_t vocab_blocks = (V + VB - 1) / VB;
+  parallel_tasks(pool, at.groups * at.parts, [&](int64_t t) {
+    const int64_t g = t / at.parts, part = t % at.parts;
+    const int64_t p0 = vocab_blocks * part / at.parts * VB;
+    const int64_t p1 = std::min(V, vocab_blocks * (part + 1) / at.parts * VB);
+    task(g * at.group, std::min(at.group, M - g * at.group), p0, p1, part);
+  });
+}
 
 bool use_amx(bool amx_tiles, int64_t H) {
 #if defined(SEARCHJAX_AMX)
@@ -184,14 +189,15 @@ ffi::Error head_logprobs(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer 
   const float inv_t = 1.f / temperature.typed_data()[0];
   const bool amx = use_amx(amx_tiles, H);
   const int64_t padded = (M + TB - 1) / TB * TB;  // a last block's columns past M fold too (and are dropped)
-  std::vector<State> states(most_parts(pool, V));
+  const Split at = split(pool, M, V);
+  std::vector<State> states(at.parts);
   for (auto& st : states) {
     st.m.assign(padded, -std::numeric_limits<float>::infinity());
     st.s.assign(padded, 0.f);
     st.picked.assign(padded, 0.f);
     st.total.assign(padded, 0.f);
   }
-  const int64_t parts = each_task(pool, M, V, [&](int64_t t0, int64_t tokens, int64_t p0, int64_t p1, int64_t part) {
+  each_task(pool, at, M, V, [&](int64_t t0, int64_t tokens, int64_t p0, int64_t p1, int64_t part) {
     State& st = states[part];
     each_block(xp, wp, H, t0, tokens, p0, p1, amx, [&](const float* c, int64_t rows, int64_t v0, int64_t b, int64_t n) {
       const int64_t at = t0 + b * TB;
@@ -204,9 +210,9 @@ ffi::Error head_logprobs(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer 
   float* tz = total->typed_data();
   for (int64_t i = 0; i < M; ++i) {
     float top = states[0].m[i];
-    for (int64_t p = 1; p < parts; ++p) top = std::max(top, states[p].m[i]);
+    for (int64_t p = 1; p < at.parts; ++p) top = std::max(top, states[p].m[i]);
     double sum = 0.0, picked = 0.0, all = 0.0;
-    for (int64_t p = 0; p < parts; ++p) {
+    for (int64_t p = 0; p < at.parts; ++p) {
       sum += double(states[p].s[i]) * std::exp(double(states[p].m[i]) - double(top));
       picked += states[p].picked[i];  // the target lies in one part; the others left 0
       all += states[p].total[i];
