@@ -85,8 +85,7 @@ def target_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
     if n_chunks == 1:
         z = shd.constrain(matmul("bth,hv->btv", hidden, lm_head.astype(hidden.dtype), jnp.float32),
                           ("batch", "seq", "vocab")) / temperature
-        picked = jnp.take_along_axis(z, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-        return picked - jax.nn.logsumexp(z, axis=-1)
+        return _log_softmax_at(z, targets)
     width = math.ceil(V / n_chunks)
     padded = n_chunks * width
     if padded != V:  # zero columns, masked to -inf below
@@ -115,6 +114,12 @@ def target_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
     # all (about 0.4 MB per token in float32 for a 49k vocabulary), which dominated the update's memory.
     m, s, picked = jax.lax.fori_loop(0, n_chunks, jax.checkpoint(body), init)
     return picked - (m + jnp.log(s))
+
+
+def _log_softmax_at(z: jax.Array, targets: jax.Array) -> jax.Array:
+    """log softmax(z)[targets] over the last axis: z [B, T, V] float32, targets [B, T] -> [B, T]."""
+    picked = jnp.take_along_axis(z, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return picked - jax.nn.logsumexp(z, axis=-1)
 
 
 def _head_kernel_fits(hidden: jax.Array) -> bool:
@@ -147,7 +152,11 @@ def _kernel_forward(hidden, w, targets, temperature):
 
 def _kernel_target_logprobs_fwd(hidden, w, targets, temperature, dense_backward):
     if dense_backward:
-        single = lambda h, w, t: target_logprobs(h, w.T, targets, temperature=t, vocab_chunk=w.shape[0])
+        # the single pass on w as it is ([V, H]): its bf16 VJP then forms d w in the embedding's own layout, where
+        # target_logprobs' [H, V] form made it [H, V] and XLA:CPU transposed the 113 MB float32 gradient back
+        # (~76 ms per micro-batch of the trainer's update of SmolLM2)
+        from searchjax.models.kernels import matmul
+        single = lambda h, w, t: _log_softmax_at(matmul("bth,vh->btv", h, w, jnp.float32) / t, targets)
         logp, pullback = jax.vjp(single, hidden, w, temperature)
         return logp, pullback
     logp, lse = _kernel_forward(hidden, w, targets, temperature)

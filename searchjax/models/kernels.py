@@ -1,9 +1,10 @@
 """Layers with hand-written backward passes: what autodiff plus XLA compile poorly, written once.
 
-Both are pure functions over arrays (the modules in transformer.py own the parameters) whose forward is the
+Each is a pure function over arrays (the modules in transformer.py own the parameters) whose forward is the
 plain math, so decoding and scoring without gradients run exactly the textbook computation; only the VJP
-differs from what `jax.grad` would derive, and tests compare values and gradients against the autodiff
-versions (tests/models/test_transformer_options.py).
+differs from what `jax.grad` would derive. Tests compare values and gradients against the autodiff versions
+(tests/models/test_transformer_options.py) and the whole model's gradients against torch autograd
+(tests/models/test_model_parity.py).
 """
 
 from __future__ import annotations
@@ -84,6 +85,43 @@ def _low_precision_matmul_bwd(equation, out_dtype, residuals, d_out):
 _low_precision_matmul.defvjp(_low_precision_matmul_fwd, _low_precision_matmul_bwd)
 
 
+def rotate_half(x: jax.Array) -> jax.Array:
+    """[a, b] -> [-b, a] over the last axis."""
+    half = x.shape[-1] // 2
+    return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+@jax.custom_vjp
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [B, T, heads, D]; cos/sin [B, T, D]. Result in x.dtype (tables cast first, as HF does).
+
+    The VJP is RoPE's own form: with rotate_half(z) = [-z_b, z_a], whose transpose is -rotate_half,
+        y = x cos + rotate_half(x) sin   =>   dx = dy cos - rotate_half(dy sin),
+    one elementwise map over dy. Autodiff's transpose of the concatenate and slices is pads and adds, which
+    XLA:CPU fused with the attention's gradient blocks into a loop that evaluated them once per use.
+    """
+    cos = cos[:, :, None, :].astype(x.dtype)
+    sin = sin[:, :, None, :].astype(x.dtype)
+    return x * cos + rotate_half(x) * sin
+
+
+def _apply_rope_fwd(x, cos, sin):
+    return apply_rope(x, cos, sin), (x, cos, sin)
+
+
+def _apply_rope_bwd(residuals, d_y):
+    x, cos, sin = residuals
+    c, s = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+    d_x = d_y * c - rotate_half(d_y * s)
+    # the tables' cotangents (positions are integers, so nothing uses them; written for completeness)
+    d_cos = jnp.sum((d_y * x).astype(jnp.float32), axis=2).astype(cos.dtype)
+    d_sin = jnp.sum((d_y * rotate_half(x)).astype(jnp.float32), axis=2).astype(sin.dtype)
+    return d_x, d_cos, d_sin
+
+
+apply_rope.defvjp(_apply_rope_fwd, _apply_rope_bwd)
+
+
 def update_slice(operand: jax.Array, update: jax.Array, start_indices) -> jax.Array:
     """`jax.lax.dynamic_update_slice(operand, update.astype(operand.dtype), start_indices)`, in place for 16-bit
     floats too. XLA:CPU (jax 0.10.2) has no bfloat16 dynamic-update-slice: it converts the whole operand to
@@ -142,11 +180,43 @@ def grouped_attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
             raise ValueError(f"grouped_attention: causal_blocks={causal_blocks} needs T == S divisible by it, "
                              f"got T={T}, S={k.shape[2]}")
         size = T // causal_blocks
-        out = jnp.concatenate([_query_blocks(q[:, :, :, i * size:(i + 1) * size], k[:, :, :(i + 1) * size],
-                                             v[:, :, :(i + 1) * size],
+        keys, values = causal_prefixes(k, causal_blocks), causal_prefixes(v, causal_blocks)
+        out = jnp.concatenate([_query_blocks(q_i, keys[i], values[i],
                                              mask[..., i * size:(i + 1) * size, :(i + 1) * size], scale, query_block)
-                               for i in range(causal_blocks)], axis=3)
+                               for i, q_i in enumerate(split_blocks(q, causal_blocks))], axis=3)
     return out.transpose(0, 3, 1, 2, 4).reshape(B, T, N, D)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def split_blocks(x: jax.Array, blocks: int) -> tuple[jax.Array, ...]:
+    """x [B, K, G, T, D] cut along T into `blocks` equal blocks. Its VJP concatenates the blocks' cotangents;
+    autodiff's would pad each one to T and sum them, and XLA:CPU fuses that sum of padded blocks with the layout
+    transpose and RoPE's backward after it into one loop it runs on one thread, re-evaluating the padded sum for
+    each use (5.4 ms per call at 2 x 512 tokens of SmolLM2's 9 query heads: ~1.2 s of a 10 s bf16 update)."""
+    size = x.shape[3] // blocks
+    return tuple(x[:, :, :, i * size:(i + 1) * size] for i in range(blocks))
+
+
+split_blocks.defvjp(lambda x, blocks: (split_blocks(x, blocks), None),
+                    lambda blocks, _, d_blocks: (jnp.concatenate(d_blocks, axis=3),))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def causal_prefixes(x: jax.Array, blocks: int) -> tuple[jax.Array, ...]:
+    """The keys (or values) x [B, K, S, D] that causal block i sees: x[:, :, :(i + 1) S / blocks]. Its VJP
+    forms block j of the cotangent as the sum, over the prefixes i >= j that hold it, of their slices for that
+    block, then concatenates the blocks: no prefix is padded to S (autodiff's pad-and-add, see split_blocks)."""
+    size = x.shape[2] // blocks
+    return tuple(x[:, :, :(i + 1) * size] for i in range(blocks))
+
+
+def _causal_prefixes_bwd(blocks, _, d_prefixes):
+    size = d_prefixes[0].shape[2]
+    return (jnp.concatenate([sum(d[:, :, j * size:(j + 1) * size] for d in d_prefixes[j:])
+                             for j in range(blocks)], axis=2),)
+
+
+causal_prefixes.defvjp(lambda x, blocks: (causal_prefixes(x, blocks), None), _causal_prefixes_bwd)
 
 
 def _query_blocks(q, k, v, mask, scale, query_block: int):
@@ -214,16 +284,19 @@ def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) 
 
         g = x W_gate,  u = x W_up,  s = sigmoid(g),  a = g s u,  y = a W_down
         da = dy W_down^T,   dg = da u s (1 + g (1 - s)),   du = da g s
-        dW_down = a^T dy,   [dW_gate | dW_up] = x^T [dg | du],   dx = dg W_gate^T + du W_up^T
+        dW_down = a^T dy,   dW_gate = x^T dg,   dW_up = x^T du,   dx = dg W_gate^T + du W_up^T
 
     Why by hand: XLA:CPU feeds a weight-gradient matmul the token-major operand it must transpose through the
     elementwise fusion that produces it, and that fusion then runs unvectorised over a strided layout. Autodiff
     of silu(g) * u put the sigmoid's derivative there (about 20 ms of a SmolLM2 layer's 140 ms fwd+bwd at
-    2 x 512 tokens). Here dg and du are plain elementwise maps, [dg | du] meets x in one matmul, and dW_down is
+    2 x 512 tokens). Here dg and du are plain elementwise maps, and dW_down is
     formed as (dy^T a)^T so that the operand transposed is the narrow dy (H wide), not a (F wide, with the
     sigmoid in it). Together about 1.9 s less per 2 x 512-token micro-batch of SmolLM2 (30 layers) than
     autodiff's 6.6 s forward + backward of the layers (probes: 1.36 s from the first two, 0.5 s from the last).
-    Same residual memory as autodiff's (g and u per token).
+    dg and du meet x in two products rather than one over [dg | du]: the concatenation is written in float32
+    and converted (XLA:CPU's bf16 elementwise maps run in float32), which cost more than the wider GEMM gains
+    (a layer's forward + backward at 2 x 512 tokens: 33.7 -> 29.8 ms in bf16, 88.8 -> 85.8 ms in float32).
+    dx sums its two products in float32. Same residual memory as autodiff's (g and u per token).
     """
     return _swiglu_forward(x, w_gate, w_up, w_down)[0]
 
@@ -247,11 +320,52 @@ def _swiglu_bwd(residuals, d_y):
     d_gate = d_act * up * sig * (1 + gate * (1 - sig))
     d_up = d_act * gate * sig
     d_w_down = matmul("bth,btf->hf", d_y, act).T
-    d_w_gate_up = matmul("bth,btf->hf", x, jnp.concatenate([d_gate, d_up], axis=-1))
-    F = w_gate.shape[1]
-    d_x = matmul("btf,hf->bth", d_gate, w_gate) + matmul("btf,hf->bth", d_up, w_up)
-    return (d_x.astype(x.dtype), d_w_gate_up[:, :F].astype(w_gate.dtype), d_w_gate_up[:, F:].astype(w_up.dtype),
+    d_w_gate = matmul("bth,btf->hf", x, d_gate)
+    d_w_up = matmul("bth,btf->hf", x, d_up)
+    d_x = matmul("btf,hf->bth", d_gate, w_gate, jnp.float32) + matmul("btf,hf->bth", d_up, w_up, jnp.float32)
+    return (d_x.astype(x.dtype), d_w_gate.astype(w_gate.dtype), d_w_up.astype(w_up.dtype),
             d_w_down.astype(w_down.dtype))
 
 
 swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis, in x's dtype: scale * n with n = x r, r = 1 / sqrt(mean(x^2) + eps) computed
+    in float32 and rounded to x's dtype before the scale (HF's order). The backward pass written out:
+
+        dn = dy scale,   dx = r (dn - n mean(dn n)),   dscale = sum over every leading axis of dy n
+
+    Why by hand: autodiff sums dscale over the B x T tokens in the compute dtype, which XLA:CPU rewrites for
+    bf16 into a windowed tree reduction it runs on one thread (1.7 ms per call at 2 x 512 tokens of SmolLM2,
+    61 norms per micro-batch); here it is one product accumulated in float32 (the library's reduction, also
+    the more accurate sum).
+    """
+    return _rms_norm_forward(x, scale, eps)[0]
+
+
+def _rms_norm_forward(x, scale, eps):
+    x32 = x.astype(jnp.float32)
+    rsqrt = jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    normed = (x32 * rsqrt).astype(x.dtype)
+    return scale.astype(x.dtype) * normed, rsqrt
+
+
+def _rms_norm_fwd(x, scale, eps):
+    y, rsqrt = _rms_norm_forward(x, scale, eps)
+    return y, (x, scale, rsqrt)
+
+
+def _rms_norm_bwd(eps, residuals, d_y):
+    x, scale, rsqrt = residuals
+    normed32 = x.astype(jnp.float32) * rsqrt
+    d_normed = (d_y * scale.astype(x.dtype)).astype(jnp.float32)
+    d_x = rsqrt * (d_normed - normed32 * jnp.mean(d_normed * normed32, axis=-1, keepdims=True))
+    rows = x.size // x.shape[-1]
+    d_scale = jnp.einsum("th,th->h", d_y.reshape(rows, -1), normed32.astype(x.dtype).reshape(rows, -1),
+                         preferred_element_type=jnp.float32)
+    return d_x.astype(x.dtype), d_scale.astype(scale.dtype)
+
+
+rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)

@@ -33,7 +33,8 @@ import jax.numpy as jnp
 from flax.core import FrozenDict
 
 from searchjax.models import native
-from searchjax.models.kernels import grouped_attention, matmul, swiglu, update_slice_in_dim
+from searchjax.models.kernels import (apply_rope, grouped_attention, matmul, rms_norm, swiglu,
+                                      update_slice_in_dim)
 from searchjax.sharding import constrain
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -168,15 +169,6 @@ def rope_cos_sin(positions: jax.Array, config: ModelConfig):
     return jnp.cos(emb), jnp.sin(emb)
 
 
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x [B, T, heads, D]; cos/sin [B, T, D]. Result in x.dtype (tables cast first, as HF does)."""
-    cos = cos[:, :, None, :].astype(x.dtype)
-    sin = sin[:, :, None, :].astype(x.dtype)
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos + rotated * sin
-
-
 def _init(initializer, names):
     return nn.with_logical_partitioning(initializer, names)
 
@@ -191,9 +183,7 @@ class RMSNorm(nn.Module):
     def __call__(self, x):
         scale = self.param("scale", _init(nn.initializers.ones, (self.logical_axis,)), (x.shape[-1],),
                            self.param_dtype)
-        x32 = x.astype(jnp.float32)
-        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return scale.astype(x.dtype) * normed.astype(x.dtype)
+        return rms_norm(x, scale, self.eps)
 
 
 class Projection(nn.Module):

@@ -158,3 +158,85 @@ def test_causal_blocks_skip_only_masked_products():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=f"d{name}")
     with pytest.raises(ValueError, match="causal_blocks=5"):
         grouped_attention(q, k, v, mask, 1.0, causal_blocks=5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_rope_backward_matches_autodiff(dtype):
+    """apply_rope's VJP (RoPE with the sine negated) against jax.grad of the textbook formula, for x and for the
+    cos/sin tables; bf16: both round the same products, so the tolerance is bf16's half ulp of the scale."""
+    from searchjax.models.kernels import apply_rope
+    from searchjax.models.transformer import rope_cos_sin
+    config = get_preset("tiny-llama")  # llama3-scaled frequencies
+    B, T, heads, D = 2, 6, 3, config.head_dim
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((B, T, heads, D)), dtype)
+    cos, sin = rope_cos_sin(jnp.asarray(rng.integers(0, 50, (B, T))), config)
+
+    def textbook(x, cos, sin):
+        c, s = cos[:, :, None].astype(x.dtype), sin[:, :, None].astype(x.dtype)
+        return x * c + jnp.concatenate([-x[..., D // 2:], x[..., :D // 2]], axis=-1) * s
+    weights = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
+    grad = lambda f: jax.grad(lambda *a: jnp.sum(f(*a).astype(jnp.float32) * weights), argnums=(0, 1, 2))(x, cos, sin)
+    f32 = lambda a: np.asarray(a, np.float32)
+    np.testing.assert_array_equal(f32(apply_rope(x, cos, sin)), f32(textbook(x, cos, sin)))
+    for name, ours, reference in zip(("x", "cos", "sin"), grad(apply_rope), grad(textbook)):
+        assert ours.dtype == reference.dtype, name
+        atol = 1e-6 if dtype == "float32" else 2 ** -8 * float(np.abs(f32(reference)).max())
+        np.testing.assert_allclose(f32(ours), f32(reference), rtol=0, atol=atol * (1 if name == "x" else heads),
+                                   err_msg=f"d{name}")
+
+
+def test_rms_norm_backward_against_float64():
+    """rms_norm's written-out VJP against numpy float64 from the same (bf16-rounded) inputs: dx to bf16's rounding,
+    dscale to float32 accumulation (it sums the tokens in float32; autodiff's bf16 sum is also checked, and is
+    further off), and against jax.grad of the textbook form in float32."""
+    from searchjax.models.kernels import rms_norm
+    rng = np.random.default_rng(4)
+    eps = 1e-6
+
+    def textbook(x, scale):
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+        return scale.astype(x.dtype) * normed.astype(x.dtype)
+    for dtype in ("float32", "bfloat16"):
+        x = jnp.asarray(rng.standard_normal((4, 64, 3, 32)), dtype)  # [B, T, heads, D]: q/k norms' shape
+        scale = jnp.asarray(1 + 0.3 * rng.standard_normal(32), jnp.float32)
+        weights = jnp.asarray(rng.standard_normal(x.shape), dtype)
+        grad = lambda f: jax.grad(lambda *a: jnp.sum((f(*a) * weights).astype(jnp.float32)), argnums=(0, 1))(x, scale)
+        (d_x, d_scale), (ref_x, ref_scale) = grad(lambda x, s: rms_norm(x, s, eps)), grad(textbook)
+        assert d_x.dtype == x.dtype and d_scale.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(rms_norm(x, scale, eps), np.float32),
+                                      np.asarray(textbook(x, scale), np.float32))
+        x64, s64, g64 = (np.asarray(a, np.float64) for a in (x, scale, weights))
+        r = 1 / np.sqrt(np.mean(x64 ** 2, axis=-1, keepdims=True) + eps)
+        normed = np.asarray(jnp.asarray(x64 * r, dtype), np.float64)  # rounded to the compute dtype, as the forward
+        dn = g64 * np.asarray(jnp.asarray(s64, dtype), np.float64)
+        want_x = r * (dn - x64 * r * np.mean(dn * x64 * r, axis=-1, keepdims=True))
+        want_scale = np.sum(g64 * normed, axis=(0, 1, 2))
+        if dtype == "float32":
+            np.testing.assert_allclose(d_x, want_x, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(d_scale, want_scale, rtol=1e-4, atol=1e-3)
+            np.testing.assert_allclose(d_x, ref_x, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(d_scale, ref_scale, rtol=1e-4, atol=1e-3)
+        else:
+            np.testing.assert_allclose(np.asarray(d_x, np.float32), want_x, rtol=2 ** -7, atol=2 ** -7)
+            ours_err = np.abs(np.asarray(d_scale) - want_scale).max()
+            autodiff_err = np.abs(np.asarray(ref_scale, np.float64) - want_scale).max()
+            assert ours_err < 1e-3 * np.abs(want_scale).max() and ours_err < autodiff_err, (ours_err, autodiff_err)
+
+
+def test_causal_block_splits_have_autodiff_gradients():
+    """split_blocks / causal_prefixes: the slices of plain indexing, and VJPs equal to autodiff's pads and adds."""
+    from searchjax.models.kernels import causal_prefixes, split_blocks
+    rng = np.random.default_rng(6)
+    q = jnp.asarray(rng.standard_normal((2, 3, 2, 12, 4)), jnp.float32)  # [B, K, G, T, D]
+    k = jnp.asarray(rng.standard_normal((2, 3, 12, 4)), jnp.float32)  # [B, K, S, D]
+    plain_split = lambda x, n: tuple(x[:, :, :, i * 4:(i + 1) * 4] for i in range(n))
+    plain_prefixes = lambda x, n: tuple(x[:, :, :(i + 1) * 4] for i in range(n))
+    for ours, plain, x in ((split_blocks, plain_split, q), (causal_prefixes, plain_prefixes, k)):
+        parts = ours(x, 3)
+        for a, b in zip(parts, plain(x, 3)):
+            np.testing.assert_array_equal(a, b)
+        weights = [jnp.asarray(rng.standard_normal(p.shape), jnp.float32) for p in parts]
+        loss = lambda f: jax.grad(lambda x: sum(jnp.sum(p * w) for p, w in zip(f(x, 3), weights)))(x)
+        np.testing.assert_allclose(loss(ours), loss(plain), rtol=1e-6, atol=1e-6)

@@ -32,8 +32,9 @@ E[mean reward] = valid-answer rate / 8 <= 1/8 at every step. Counting each group
 Bernoulli(1/8) trial (its answers may be identical), the windows hold 16 and 96 independent trials, so
 the difference of their means has standard deviation <= sqrt((1/8)(7/8)(1/16 + 1/96)) = 0.089. The largest
 systematic change the control allows is 1/8 x the change of the valid-answer rate, which the test also holds
-above 0.8 at every step: <= 0.025; MARGIN exceeds it by 0.325 = 3.6 standard deviations (one-sided
-p < 2e-4).
+above VALID = 0.7 at every step: <= 0.0375; MARGIN exceeds it by 0.3125 = 3.5 standard deviations (one-sided
+p < 3e-4). (The shuffled control's policy wanders, and its answers' format with it: seed 0's fell to 0.78 at its
+last step after a change of the backward's rounding on 2026-12-05, which is why VALID is not 0.8.)
 
 Why the search-rate check runs on the null control and not on the shuffled one. In the shuffled control
 searching and answering blind both score 1/8 in expectation, so a correct GRPO has no expected gradient on the
@@ -50,7 +51,9 @@ answers) raises searching there within a few steps.
 
 Measured (same host and date): reward gains (1) 0.52 (seed 0) and 0.66 (seed 1), search rates 0.31 -> ~1.0
 and 0.12 -> ~1.0; null-control drift (3) -0.07 and +0.02 with every gradient exactly 0; the length-biased
-trainer's null control +0.56 (0.31 -> 0.88 within 3 steps). The three tests take ~55 s of CPU.
+trainer's null control +0.56 (0.31 -> 0.88 within 3 steps). The three tests take ~55 s of CPU. Again on
+2026-12-05 with the hand-written RoPE / RMSNorm backward (a Xeon host): gains 0.60 and 0.69, search rates
+0.06 -> ~1.0 and 0.12 -> ~1.0, null drift +0.00 and +0.01, valid-answer rates >= 0.78 (seed 0's control, last step).
 """
 
 import json
@@ -66,6 +69,7 @@ from searchjax.experiment import loop, setup
 from searchjax.rl import sft
 
 MARGIN = 0.35
+VALID = 0.7  # every step's valid-answer rate, in every run, exceeds this (the control's bound above rests on it)
 SEARCH_FLAT = 0.25  # the null control's search rate may move less than this (steps 2.. vs step 1)
 UNWINNABLE = "violet"  # the null control's gold answer: not one of the task's colours, so every reward is 0
 LENGTH_BONUS = 0.25  # the length-biased trainer's leak: + LENGTH_BONUS x response length / longest of the step
@@ -184,7 +188,8 @@ def test_grpo_learns_to_search_only_when_retrieval_is_informative(warm_starts, t
     # ... and nothing but the reward raises it: with no reward to earn, the search rate does not move
     assert all(r["reward/mean"] == 0 and r["update/grad_norm"] == 0 for r in null_rows), summary  # nothing moves
     assert abs(search_drift(null_rows)) < SEARCH_FLAT, summary
-    assert all(r["rollout/answer/valid_rate"] > 0.8 for r in rows + control_rows + null_rows), summary
+    valid = [_series(x, "rollout/answer/valid_rate") for x in (rows, control_rows, null_rows)]
+    assert min(min(v) for v in valid) > VALID, f"{summary}\nvalid-answer rates {valid}"
     assert rewards.shape == control.shape == (RL_STEPS,)
 
 
