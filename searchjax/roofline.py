@@ -110,9 +110,7 @@ def causal_pairs(T: int) -> float:
 def head_chunks(rows: int, columns: int, vocab: int) -> int:
     """Vocabulary chunks of `scoring.target_logprobs` for [rows, columns] targets (1 = single pass)."""
     from searchjax import scoring
-    if rows * columns * vocab * 4 <= scoring.SINGLE_PASS_LOGITS_BYTES:
-        return 1
-    return max(1, math.ceil(vocab / scoring.VOCAB_CHUNK))
+    return scoring.vocab_chunks(rows * columns, vocab)
 
 
 def param_count(cfg) -> int:

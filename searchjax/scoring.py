@@ -40,6 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from searchjax import sharding as shd
+from searchjax.models import lm_head_weight, native, positions_from_mask
+from searchjax.models.kernels import matmul
 
 MIN_LENGTH_BUCKET = 64  # smallest padded sequence length
 MIN_ANSWER_BUCKET = 8  # smallest padded answer (tail) length in answer scoring
@@ -72,26 +74,18 @@ def target_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
     AMX (vocab_chunk None, no activation sharding) runs the CPU kernel `native.head_logprobs` instead, which never
     writes the logits (`_kernel_target_logprobs`).
     """
-    from searchjax.models.kernels import matmul  # bf16 heads: the fast GEMM forward and backward
-    H, V = lm_head.shape
+    V = lm_head.shape[1]
     temperature = jnp.asarray(temperature, jnp.float32)
-    single_pass = math.prod(targets.shape) * V * 4 <= SINGLE_PASS_LOGITS_BYTES
-    if vocab_chunk is None and _head_kernel_fits(hidden):
+    if vocab_chunk is None and head_kernel_fits(hidden):
         return _kernel_target_logprobs(hidden, jnp.transpose(lm_head.astype(hidden.dtype)), targets, temperature,
-                                       single_pass)
-    if vocab_chunk is None:
-        vocab_chunk = V if single_pass else VOCAB_CHUNK
-    n_chunks = max(1, math.ceil(V / vocab_chunk))
-    if n_chunks == 1:
+                                       vocab_chunks(math.prod(targets.shape), V) == 1)
+    n_chunks = vocab_chunks(math.prod(targets.shape), V, vocab_chunk)
+    if n_chunks == 1:  # bf16 heads: `matmul`, the fast GEMM forward and backward
         z = shd.constrain(matmul("bth,hv->btv", hidden, lm_head.astype(hidden.dtype), jnp.float32),
                           ("batch", "seq", "vocab")) / temperature
         return _log_softmax_at(z, targets)
-    width = math.ceil(V / n_chunks)
-    padded = n_chunks * width
-    if padded != V:  # zero columns, masked to -inf below
-        lm_head = jnp.pad(lm_head, ((0, 0), (0, padded - V)))
-    w = lm_head.reshape(H, width, n_chunks)  # vocab id of w[:, c, k] is c * n_chunks + k
-    column = jnp.arange(width, dtype=jnp.int32) * n_chunks  # [C]
+    w, column = strided_chunks(lm_head, n_chunks)
+    padded = w.shape[1] * n_chunks
     targets = targets.astype(jnp.int32)
     B, T = targets.shape
 
@@ -122,10 +116,29 @@ def _log_softmax_at(z: jax.Array, targets: jax.Array) -> jax.Array:
     return picked - jax.nn.logsumexp(z, axis=-1)
 
 
-def _head_kernel_fits(hidden: jax.Array) -> bool:
+def vocab_chunks(tokens: int, vocab: int, vocab_chunk: int | None = None) -> int:
+    """How many vocabulary chunks the head's log-softmax over `tokens` positions runs in: one when the float32
+    logits take at most SINGLE_PASS_LOGITS_BYTES, else chunks of VOCAB_CHUNK columns; an int vocab_chunk forces
+    chunks of that width (`target_logprobs`, `rlif.head_statistics`)."""
+    if vocab_chunk is None:
+        vocab_chunk = vocab if tokens * vocab * 4 <= SINGLE_PASS_LOGITS_BYTES else VOCAB_CHUNK
+    return max(1, math.ceil(vocab / vocab_chunk))
+
+
+def strided_chunks(lm_head: jax.Array, n_chunks: int) -> tuple[jax.Array, jax.Array]:
+    """lm_head [H, V] as n_chunks strided chunks, w [H, C, n_chunks] (vocab id of w[:, c, k] is c n_chunks + k,
+    so chunk k is one slice of the last axis), and column [C] = c n_chunks (chunk k's ids are column + k).
+    Zero columns pad V up to C n_chunks: their ids are >= V, which the caller masks."""
+    H, V = lm_head.shape
+    width = math.ceil(V / n_chunks)
+    if width * n_chunks != V:
+        lm_head = jnp.pad(lm_head, ((0, 0), (0, width * n_chunks - V)))
+    return lm_head.reshape(H, width, n_chunks), jnp.arange(width, dtype=jnp.int32) * n_chunks
+
+
+def head_kernel_fits(hidden: jax.Array) -> bool:
     """Whether `target_logprobs` runs the CPU kernel: JAX on the CPU outside `sharding.activation_sharding` (one
     device: the kernel sees whole arrays) and `native.head_logprobs_fits`."""
-    from searchjax.models import native
     return (jax.default_backend() == "cpu" and not shd.activation_sharding_active()
             and native.head_logprobs_fits(hidden))
 
@@ -145,7 +158,6 @@ def _kernel_target_logprobs(hidden, w, targets, temperature, dense_backward: boo
 
 
 def _kernel_forward(hidden, w, targets, temperature):
-    from searchjax.models import native
     logp, lse, _ = native.head_logprobs(hidden, w, targets, temperature)
     return logp, lse
 
@@ -155,7 +167,6 @@ def _kernel_target_logprobs_fwd(hidden, w, targets, temperature, dense_backward)
         # the single pass on w as it is ([V, H]): its bf16 VJP then forms d w in the embedding's own layout, where
         # target_logprobs' [H, V] form made it [H, V] and XLA:CPU transposed the 113 MB float32 gradient back
         # (~76 ms per micro-batch of the trainer's update of SmolLM2)
-        from searchjax.models.kernels import matmul
         single = lambda h, w, t: _log_softmax_at(matmul("bth,vh->btv", h, w, jnp.float32) / t, targets)
         logp, pullback = jax.vjp(single, hidden, w, temperature)
         return logp, pullback
@@ -169,7 +180,6 @@ def _kernel_target_logprobs_bwd(dense_backward, residuals, g):
     dz = g (onehot - p), recomputed one VOCAB_CHUNK of columns at a time from the forward's lse (the chunked form's
     checkpointed loop recomputes its logits too). As `kernels.matmul`'s bf16 VJP, the products take dz in bf16.
     With dense_backward, the single-pass form's own pullback (`_kernel_target_logprobs_fwd`)."""
-    from searchjax.models.kernels import matmul
     if dense_backward:
         d_hidden, d_w, d_temperature = residuals(g)
         return d_hidden, d_w, None, d_temperature
@@ -209,7 +219,6 @@ def tail_logprobs(model, params, input_ids: jax.Array, attention_mask: jax.Array
     answer scoring pays the vocabulary projection for the answer tokens only. Entries whose target or
     context token is padding are 0.
     """
-    from searchjax.models import lm_head_weight, positions_from_mask
     T = input_ids.shape[1]
     if not 1 <= tail <= T - 1:
         raise ValueError(f"tail={tail} must be in [1, T-1] for input_ids of length T={T}")

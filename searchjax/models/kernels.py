@@ -100,9 +100,13 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     one elementwise map over dy. Autodiff's transpose of the concatenate and slices is pads and adds, which
     XLA:CPU fused with the attention's gradient blocks into a loop that evaluated them once per use.
     """
-    cos = cos[:, :, None, :].astype(x.dtype)
-    sin = sin[:, :, None, :].astype(x.dtype)
-    return x * cos + rotate_half(x) * sin
+    c, s = _rope_tables(x, cos, sin)
+    return x * c + rotate_half(x) * s
+
+
+def _rope_tables(x, cos, sin):
+    """cos/sin [B, T, D] -> [B, T, 1, D] in x's dtype, broadcast over the heads."""
+    return cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
 
 
 def _apply_rope_fwd(x, cos, sin):
@@ -111,7 +115,7 @@ def _apply_rope_fwd(x, cos, sin):
 
 def _apply_rope_bwd(residuals, d_y):
     x, cos, sin = residuals
-    c, s = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+    c, s = _rope_tables(x, cos, sin)
     d_x = d_y * c - rotate_half(d_y * s)
     # the tables' cotangents (positions are integers, so nothing uses them; written for completeness)
     d_cos = jnp.sum((d_y * x).astype(jnp.float32), axis=2).astype(cos.dtype)

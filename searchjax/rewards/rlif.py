@@ -48,14 +48,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from searchjax import scoring
+from searchjax.models import lm_head_weight, native, positions_from_mask
+from searchjax.models.kernels import matmul
 from searchjax.rewards.base import RewardOutput
 
 if TYPE_CHECKING:
     from searchjax.agent.rollout import Trajectory
 
 TOKEN_SCOPES = ("final_response", "generated")
-SINGLE_PASS_LOGITS_BYTES = 256 << 20  # as searchjax.scoring: logits up to this size skip the chunk loop
-VOCAB_CHUNK = 8192
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,42 +84,32 @@ def head_statistics(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
                     vocab_chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
     """(log p(targets), KL(U || p)) per position, [B, T] float32 each, p = softmax(hidden @ lm_head / temperature).
 
-    hidden [B, T, H]; lm_head [H, V]; targets [B, T]. One pass over the head: in one piece when the float32
-    logits take at most SINGLE_PASS_LOGITS_BYTES, else in strided vocabulary chunks (chunk k = ids k, k + n,
-    ...) carrying (max m, sum exp s, picked logit, sum of logits): log Z = m + log s, mean z = sum / V. A bf16
+    hidden [B, T, H]; lm_head [H, V]; targets [B, T]. One pass over the head, in `scoring.target_logprobs`' pieces
+    (`scoring.vocab_chunks`: one piece when the float32 logits are small enough, else strided vocabulary chunks,
+    chunk k = ids k, k + n, ...) carrying (max m, sum exp s, picked logit, sum of logits): log Z = m + log s, mean z = sum / V. A bf16
     head on one CPU with AMX runs the same statistics in `native.head_logprobs` (`scoring.target_logprobs`' rule;
     not differentiated: this is the old-policy pass).
     """
-    from searchjax import scoring
-    from searchjax.models import native
-    H, V = lm_head.shape
+    V = lm_head.shape[1]
     temperature = jnp.asarray(temperature, jnp.float32)
     log_v = jnp.float32(math.log(V))
-    if vocab_chunk is None and scoring._head_kernel_fits(hidden):  # a bf16 head on one CPU with AMX
+    if vocab_chunk is None and scoring.head_kernel_fits(hidden):  # a bf16 head on one CPU with AMX
         logp, lse, total = native.head_logprobs(hidden, jnp.transpose(lm_head.astype(hidden.dtype)), targets,
                                                 temperature)
         return logp, lse - total / V - log_v
-    if vocab_chunk is None:
-        vocab_chunk = V if math.prod(targets.shape) * V * 4 <= SINGLE_PASS_LOGITS_BYTES else VOCAB_CHUNK
-    n_chunks = max(1, math.ceil(V / vocab_chunk))
+    n_chunks = scoring.vocab_chunks(math.prod(targets.shape), V, vocab_chunk)
     targets = targets.astype(jnp.int32)
     if n_chunks == 1:
-        z = jnp.einsum("bth,hv->btv", hidden, lm_head.astype(hidden.dtype),
-                       preferred_element_type=jnp.float32) / temperature
+        z = matmul("bth,hv->btv", hidden, lm_head.astype(hidden.dtype), jnp.float32) / temperature
         lse = jax.nn.logsumexp(z, axis=-1)
         picked = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
         return picked - lse, lse - z.mean(axis=-1) - log_v
-    width = math.ceil(V / n_chunks)
-    padded = n_chunks * width
-    if padded != V:  # zero columns, excluded below
-        lm_head = jnp.pad(lm_head, ((0, 0), (0, padded - V)))
-    w = lm_head.reshape(H, width, n_chunks)  # vocab id of w[:, c, k] is c * n_chunks + k
-    column = jnp.arange(width, dtype=jnp.int32) * n_chunks
+    w, column = scoring.strided_chunks(lm_head, n_chunks)
 
     def body(k, carry):
         m, s, picked, total = carry
         chunk = jax.lax.dynamic_index_in_dim(w, k, axis=2, keepdims=False).astype(hidden.dtype)
-        z = jnp.einsum("bth,hc->btc", hidden, chunk, preferred_element_type=jnp.float32) / temperature
+        z = matmul("bth,hc->btc", hidden, chunk, jnp.float32) / temperature
         ids = column + k
         real = ids < V
         z_max = jnp.where(real, z, -jnp.inf)
@@ -141,7 +132,6 @@ def tail_logprobs_and_self_certainty(model, params, input_ids: jax.Array, attent
     """For the last `tail` targets t = T-tail .. T-1: (log p(x_t | x_<t), KL(U || p(. | x_<t))), [B, tail]
     float32 each, from one forward (pure, jittable). Columns align with `searchjax.scoring.tail_logprobs`;
     entries whose target or context token is padding are 0."""
-    from searchjax.models import lm_head_weight, positions_from_mask
     T = input_ids.shape[1]
     if not 1 <= tail <= T - 1:
         raise ValueError(f"tail={tail} must be in [1, T-1] for input_ids of length T={T}")

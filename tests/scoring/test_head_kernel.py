@@ -111,12 +111,12 @@ def test_target_logprobs_takes_the_kernel_where_it_fits():
     XLA's products."""
     x, w, targets = _inputs(16, 64, 300, seed=5)
     hidden, head = x.reshape(2, 8, 64), jnp.transpose(w)
-    assert scoring._head_kernel_fits(hidden) == native.amx_tiles()
-    assert not scoring._head_kernel_fits(hidden.astype(jnp.float32))
-    assert not scoring._head_kernel_fits(hidden[..., :48])
+    assert scoring.head_kernel_fits(hidden) == native.amx_tiles()
+    assert not scoring.head_kernel_fits(hidden.astype(jnp.float32))
+    assert not scoring.head_kernel_fits(hidden[..., :48])
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
     with shd.activation_sharding(mesh):
-        assert not scoring._head_kernel_fits(hidden)
+        assert not scoring.head_kernel_fits(hidden)
     targets = targets.reshape(2, 8)
     fused = jax.jit(scoring.target_logprobs)(hidden, head, targets)
     chunked = jax.jit(lambda *a: scoring.target_logprobs(*a, vocab_chunk=100))(hidden, head, targets)

@@ -8,8 +8,8 @@ log-probabilities) whatever the padding, the bucket and the vocabulary chunking.
 import numpy as np
 import pytest
 
-from searchjax.scoring import (answer_loglik, answer_logliks, format_prompt, pow2_bucket, target_logprobs,
-                               token_logprobs)
+from searchjax.scoring import (SINGLE_PASS_LOGITS_BYTES, VOCAB_CHUNK, answer_loglik, answer_logliks, format_prompt,
+                               pow2_bucket, strided_chunks, target_logprobs, token_logprobs, vocab_chunks)
 
 TOL = 1e-5
 
@@ -94,6 +94,23 @@ def test_target_logprobs_chunked_equals_dense():
     for chunk in (1001, 100, 91, 64):
         got = np.asarray(target_logprobs(hidden, head, targets, vocab_chunk=chunk))
         np.testing.assert_allclose(got, dense, atol=2e-5, rtol=0)
+
+
+def test_vocab_chunks_and_their_strided_columns():
+    """The head's pieces (shared by target_logprobs and rlif.head_statistics): one pass while the float32 logits
+    fit SINGLE_PASS_LOGITS_BYTES, else ceil(V / VOCAB_CHUNK); chunk k of the strided layout holds vocab ids
+    k, k + n, ... and zeros past V, checked against the ids written out by hand."""
+    V = 49152
+    fits = SINGLE_PASS_LOGITS_BYTES // (4 * V)
+    assert vocab_chunks(fits, V) == 1
+    assert vocab_chunks(fits + 1, V) == -(-V // VOCAB_CHUNK) == 6
+    assert [vocab_chunks(1, 1001, c) for c in (1001, 100, 91, 2000)] == [1, 11, 11, 1]
+    head = np.arange(2 * 10, dtype=np.float32).reshape(2, 10) + 1  # column j holds j + 1 (row 0), j + 11 (row 1)
+    w, column = strided_chunks(head, 3)
+    assert w.shape == (2, 4, 3) and column.tolist() == [0, 3, 6, 9]
+    for k, ids in enumerate(([0, 3, 6, 9], [1, 4, 7], [2, 5, 8])):
+        np.testing.assert_array_equal(np.asarray(w[0, :, k]), [i + 1 for i in ids] + [0] * (4 - len(ids)))
+        np.testing.assert_array_equal(np.asarray(w[1, :, k]), [i + 11 for i in ids] + [0] * (4 - len(ids)))
 
 
 def test_bad_inputs_raise_clearly(tiny_model):
