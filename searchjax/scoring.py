@@ -74,12 +74,12 @@ def target_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
     AMX (vocab_chunk None, no activation sharding) runs the CPU kernel `native.head_logprobs` instead, which never
     writes the logits (`_kernel_target_logprobs`).
     """
-    V = lm_head.shape[1]
+    V, tokens = lm_head.shape[1], math.prod(targets.shape)
     temperature = jnp.asarray(temperature, jnp.float32)
     if vocab_chunk is None and head_kernel_fits(hidden):
         return _kernel_target_logprobs(hidden, jnp.transpose(lm_head.astype(hidden.dtype)), targets, temperature,
-                                       vocab_chunks(math.prod(targets.shape), V) == 1)
-    n_chunks = vocab_chunks(math.prod(targets.shape), V, vocab_chunk)
+                                       vocab_chunks(tokens, V) == 1)
+    n_chunks = vocab_chunks(tokens, V, vocab_chunk)
     if n_chunks == 1:  # bf16 heads: `matmul`, the fast GEMM forward and backward
         z = shd.constrain(matmul("bth,hv->btv", hidden, lm_head.astype(hidden.dtype), jnp.float32),
                           ("batch", "seq", "vocab")) / temperature
