@@ -3,11 +3,13 @@
 import os
 import time
 
+import numpy as np
 import pytest
 
 from searchjax import roofline
 from searchjax.bench import common, rollout, scoring
 from searchjax.models import presets
+from searchjax.models.transformer import ModelConfig
 
 
 def _sleeper(seconds: float):
@@ -62,6 +64,26 @@ def test_scoring_flops_by_hand_for_smollm2():
     assert scoring.attention_share_lower_triangle(256) == pytest.approx(257 / 512)
     attention = L * 4 * B * T * T * N * D
     assert scoring.scoring_flops(config, B, T, 0.75) == pytest.approx(full - attention / 4)
+
+
+def test_model_products_compute_the_dense_flops_they_are_charged():
+    """The products-alone row is charged scoring_flops without attention: XLA's own count of the compiled program
+    (dots 2 M N K, plus one per element of the residual adds, the product of gate and up and the vocabulary max)
+    must match it to within those elementwise ops (0.5 % of it here); the smallest product, k's or v's (2 x 48 x 64
+    x 32 = 196,608 FLOPs, 1.4 %), left out of either count falls outside that margin."""
+    config = ModelConfig(architecture="llama", vocab_size=320, hidden_size=64, intermediate_size=160, num_layers=3,
+                         num_heads=4, num_kv_heads=2, head_dim=16)
+    B, T = 2, 24
+    products, args = scoring.model_products(config, B, T, "float32")
+    counted = products.lower(*args).compile().cost_analysis()
+    counted = (counted[0] if isinstance(counted, (list, tuple)) else counted)["flops"]
+    charged = scoring.scoring_flops(config, B, T, attention_share=0.0)
+    # by hand: per layer 64 x 64 (q) + 2 x 64 x 32 (k, v) + 64 x 64 (o) + 3 x 64 x 160 (SwiGLU), plus the head
+    assert charged == 2 * (3 * (4096 + 4096 + 4096 + 30720) + 64 * 320) * B * T
+    elementwise = B * T * (3 * (2 * 64 + 160 + 64 + 64) + 320)  # adds, gate x up, k + v tiled into q, the max
+    assert charged <= counted <= charged + 2 * elementwise
+    out = np.asarray(products(*args))
+    assert out.shape == (B * T,) and np.isfinite(out).all()
 
 
 def test_rollout_kernels_off_side_by_its_windows_by_hand():
