@@ -11,6 +11,7 @@ import dataclasses
 import multiprocessing
 import os
 import statistics
+import sys
 import time
 from typing import Any, Callable
 
@@ -29,9 +30,19 @@ class BenchArgs:
 
 
 def block(x: Any) -> Any:
-    """Wait for every jax array in x (no-op for numpy / torch results)."""
-    import jax
-    return jax.block_until_ready(x)
+    """Wait for every jax array in x (no-op for numpy / torch results). Where jax was never imported, x holds
+    no jax array: a reference side's process (torch) then stays without jax."""
+    jax = sys.modules.get("jax")
+    return x if jax is None else jax.block_until_ready(x)
+
+
+def timed(fn: Callable[[], Any]) -> Callable[[], float]:
+    """A `common.alternate` unit: run() -> seconds of one fn() call with every result ready."""
+    def run():
+        start = time.perf_counter()
+        block(fn())
+        return time.perf_counter() - start
+    return run
 
 
 def timeit(fn: Callable[[], Any], *, warmup: int = 1, iters: int = 5) -> dict[str, float]:

@@ -52,14 +52,6 @@ def _encoder_texts(n: int) -> list[str]:
     return [corpus[i].contents for i in rng.choice(len(corpus), n, replace=False)]
 
 
-def _timed(encode):
-    def run():
-        start = time.perf_counter()
-        encode()
-        return time.perf_counter() - start
-    return run
-
-
 def _encoder_reference_side(n: int):
     """sentence-transformers as its users run it: torch's default allocator, intra-op threads = cores, its
     default batch of 32 (it sorts the texts by length itself), under `torch.inference_mode`."""
@@ -75,7 +67,7 @@ def _encoder_reference_side(n: int):
         with torch.inference_mode():
             return reference.encode(texts, batch_size=32)
 
-    return _timed(encode), {"vectors": encode(), "threads": threads}
+    return common.timed(encode), {"vectors": encode(), "threads": threads}
 
 
 def _encoder_ours_side(n: int, steps_per_octave: int):
@@ -86,7 +78,7 @@ def _encoder_ours_side(n: int, steps_per_octave: int):
     encoder = load_encoder(steps_per_octave=steps_per_octave)
     start = time.perf_counter()
     vectors = encoder.encode(texts)
-    return _timed(lambda: encoder.encode(texts)), {"vectors": vectors, "first_s": time.perf_counter() - start}
+    return common.timed(lambda: encoder.encode(texts)), {"vectors": vectors, "first_s": time.perf_counter() - start}
 
 
 def _encoder_rows(args: BenchArgs) -> list[dict]:

@@ -7,9 +7,8 @@ SmolLM2-135M-Instruct loaded from its GGUF by both sides (identical weights), ba
 2 x 64), in the compute dtype of --dtype. Each side runs in its own fresh process with its own best settings
 (`common.alternate`): ours with glibc's huge-page malloc (what the launch scripts use), torch with its default
 allocator, intra-op threads = cores and `torch.inference_mode`; a third process times XLA's own GEMM and a
-fourth the model's products alone. Every
-side is warmed, then the sides run one call at a time, round after round, so load from elsewhere hits them
-alike. Figures:
+fourth the model's products alone. Every side is warmed, then the sides run one call at a time, round after
+round, so load from elsewhere hits them alike. Figures:
   * median (min-max) seconds per call and tokens/s of each side; `speedup_vs_torch` = torch median / ours;
   * achieved FLOP/s, each side charged for what it computes (`scoring_flops`): 2 x matmul parameters x
     tokens, plus attention 4 B T^2 N D per layer times the share of the T x T logits it computes: ours skips
@@ -107,13 +106,7 @@ def _products_side(dtype: str, batch: int, length: int):
     from searchjax.models import presets
     products, args = model_products(presets.get_preset("smollm2-135m"), batch, length, dtype)
     jax.block_until_ready(products(*args))
-
-    def run():
-        start = time.perf_counter()
-        jax.block_until_ready(products(*args))
-        return time.perf_counter() - start
-
-    return run, {}
+    return common.timed(lambda: products(*args)), {}
 
 
 def _inputs(vocab: int, batch: int, length: int) -> np.ndarray:
@@ -122,7 +115,6 @@ def _inputs(vocab: int, batch: int, length: int) -> np.ndarray:
 
 def _uncached_compile_seconds(model, params, ids, mask) -> float:
     """XLA compile time of the scorer for this shape, with the persistent compilation cache bypassed."""
-    import jax
     import jax.numpy as jnp
     from searchjax import scoring
     length = scoring.pow2_bucket(ids.shape[1], scoring.MIN_LENGTH_BUCKET)
@@ -135,7 +127,6 @@ def _uncached_compile_seconds(model, params, ids, mask) -> float:
 
 
 def _ours_side(dtype: str, batch: int, length: int):
-    import jax
     from searchjax.data import assets
     from searchjax.models import load_pretrained
     from searchjax.scoring import token_logprobs
@@ -144,12 +135,7 @@ def _ours_side(dtype: str, batch: int, length: int):
     mask = np.ones_like(ids, bool)
     compile_s = _uncached_compile_seconds(model, params, ids, mask)
     first = np.asarray(token_logprobs(model, params, ids, mask))
-
-    def run():
-        start = time.perf_counter()
-        jax.block_until_ready(token_logprobs(model, params, ids, mask))
-        return time.perf_counter() - start
-
+    run = common.timed(lambda: token_logprobs(model, params, ids, mask))
     return run, {"logprobs": first, "compile_s": compile_s, "config": model.config}
 
 
@@ -170,13 +156,8 @@ def _torch_side(dtype: str, batch: int, length: int):
             return torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None])[..., 0]
 
     first = score().numpy()
-
-    def run():
-        start = time.perf_counter()
-        score()
-        return time.perf_counter() - start
-
-    return run, {"logprobs": first, "threads": threads, "attn_implementation": reference.config._attn_implementation}
+    return common.timed(score), {"logprobs": first, "threads": threads,
+                                 "attn_implementation": reference.config._attn_implementation}
 
 
 def _gemm_side(dtype: str):
@@ -187,13 +168,7 @@ def _gemm_side(dtype: str):
     a, b = (jnp.asarray(rng.standard_normal((GEMM_N, GEMM_N)), dtype) for _ in range(2))
     dot = jax.jit(lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32))
     jax.block_until_ready(dot(a, b))
-
-    def run():
-        start = time.perf_counter()
-        jax.block_until_ready(dot(a, b))
-        return time.perf_counter() - start
-
-    return run, {}
+    return common.timed(lambda: dot(a, b)), {}
 
 
 def run(args: common.BenchArgs) -> list[dict]:

@@ -57,15 +57,6 @@ def _synthetic_batch(vocab: int, quick: bool, seed: int = 0) -> dict:
             "advantages": rng.standard_normal(rows).astype(np.float32)}
 
 
-def _timed(fn):
-    """A `common.alternate` unit: seconds of fn() with every result ready."""
-    def run():
-        start = time.perf_counter()
-        common.block(fn())
-        return time.perf_counter() - start
-    return run
-
-
 def _jax_side(quick: bool, dtype: str):
     """`common.alternate` side: our update step; float32 parameters (the optimizer's), `dtype` compute."""
     import jax
@@ -98,7 +89,7 @@ def _jax_side(quick: bool, dtype: str):
         return metrics
     jax.block_until_ready(update())  # compiles (or loads from the persistent cache)
     from searchjax.experiment.loop import peak_rss_gib
-    return _timed(update), {"first_s": time.perf_counter() - start, "peak_rss_gib": peak_rss_gib()}
+    return common.timed(update), {"first_s": time.perf_counter() - start, "peak_rss_gib": peak_rss_gib()}
 
 
 def _torch_side(quick: bool, dtype: str, compiled: bool = False):
@@ -158,7 +149,7 @@ def _torch_side(quick: bool, dtype: str, compiled: bool = False):
         return total
     run()
     from searchjax.experiment.loop import peak_rss_gib
-    return _timed(run), {"peak_rss_gib": peak_rss_gib(), "torch_threads": threads}
+    return common.timed(run), {"peak_rss_gib": peak_rss_gib(), "torch_threads": threads}
 
 
 def _torch_compile_probe(queue) -> None:

@@ -1,6 +1,8 @@
 """The benchmark harness's own arithmetic and its fair-timing protocol (searchjax/bench/common.py, scoring.py)."""
 
 import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -44,6 +46,17 @@ def test_alternate_reports_a_side_that_fails_by_name():
 
 def test_summary_is_the_median_with_its_range():
     assert common.summary([3.0, 1.0, 2.0, 10.0]) == {"median_s": 2.5, "min_s": 1.0, "max_s": 10.0, "n": 4}
+
+
+def test_timed_waits_for_jax_results_and_leaves_a_reference_process_without_jax():
+    import jax.numpy as jnp
+    run = common.timed(lambda: time.sleep(0.02))
+    assert 0.02 <= run() < 1.0
+    assert common.timed(lambda: jnp.ones(3) * 2)() >= 0.0
+    # a torch side's process never imports jax: block() then passes its results through untouched
+    probe = ("import sys; from searchjax.bench import common; import numpy as np; x = np.ones(2); "
+             "assert common.block(x) is x and common.timed(lambda: x)() >= 0; assert 'jax' not in sys.modules")
+    subprocess.run([sys.executable, "-c", probe], check=True)
 
 
 def test_scoring_flops_by_hand_for_smollm2():
