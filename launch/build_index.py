@@ -50,6 +50,8 @@ ENCODER_PRESET = flags.DEFINE_string("encoder_preset", None, "searchjax.models.e
 DECODER_EMBEDDER = flags.DEFINE_bool("decoder_embedder", False, "--encoder_dir is a decoder embedder "
                                      "(e.g. Qwen3-Embedding): last-token pooling, instruction-prefixed queries.")
 BATCH_SIZE = flags.DEFINE_integer("batch_size", 64, "Passages per encoder call.")
+DTYPE = flags.DEFINE_enum("dtype", "auto", ["auto", "float32", "bfloat16"], "The BERT encoder's products' dtype "
+                          "(auto: bfloat16 where the host has a bf16 matrix unit or an accelerator, else float32).")
 HNSW_M = flags.DEFINE_integer("hnsw_m", 32, "HNSW graph degree.")
 HNSW_EF_SEARCH = flags.DEFINE_integer("hnsw_ef_search", 64, "HNSW search candidate list.")
 IVF_NLIST = flags.DEFINE_integer("ivf_nlist", 0, "IVF cells (0 = automatic).")
@@ -154,7 +156,8 @@ def main(argv):
                 raise app.UsageError("--decoder_embedder needs --encoder_dir")
             encoder = enc.load_decoder_embedder(ENCODER_DIR.value, batch_size=BATCH_SIZE.value)
         else:
-            encoder = enc.load_encoder(ENCODER_DIR.value, preset=ENCODER_PRESET.value, batch_size=BATCH_SIZE.value)
+            encoder = enc.load_encoder(ENCODER_DIR.value, preset=ENCODER_PRESET.value, batch_size=BATCH_SIZE.value,
+                                       dtype=DTYPE.value)
         config = DenseIndexConfig(kind=KIND.value, hnsw_m=HNSW_M.value, hnsw_ef_search=HNSW_EF_SEARCH.value,
                                   ivf_nlist=IVF_NLIST.value, ivf_nprobe=IVF_NPROBE.value, pq_m=PQ_M.value,
                                   refine_k_factor=REFINE_K_FACTOR.value, train_size=TRAIN_SIZE.value)

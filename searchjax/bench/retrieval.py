@@ -52,52 +52,55 @@ def _encoder_texts(n: int) -> list[str]:
     return [corpus[i].contents for i in rng.choice(len(corpus), n, replace=False)]
 
 
-def _encoder_reference_side(n: int):
+def _encoder_reference_side(n: int, dtype: str):
     """sentence-transformers as its users run it: torch's default allocator, intra-op threads = cores, its
-    default batch of 32 (it sorts the texts by length itself), under `torch.inference_mode`."""
+    default batch of 32 (it sorts the texts by length itself), under `torch.inference_mode`; in bfloat16 the
+    model's weights cast to it (`.to(torch.bfloat16)`: torch's bf16 kernels, AMX where the CPU has it)."""
     import torch
     from sentence_transformers import SentenceTransformer
 
     from searchjax.data import assets
     threads = common.set_torch_threads()
     texts = _encoder_texts(n)
-    reference = SentenceTransformer(str(assets.minilm_dir()), device="cpu")
+    reference = SentenceTransformer(str(assets.minilm_dir()), device="cpu").to(getattr(torch, dtype))
 
     def encode():
         with torch.inference_mode():
-            return reference.encode(texts, batch_size=32)
+            return np.asarray(reference.encode(texts, batch_size=32, convert_to_tensor=True).float())
 
     return common.timed(encode), {"vectors": encode(), "threads": threads}
 
 
-def _encoder_ours_side(n: int, steps_per_octave: int):
+def _encoder_ours_side(n: int, steps_per_octave: int, dtype: str):
     """Our encoder with the launchers' huge-page malloc; its first call (compilation or the persistent
     cache's load) is timed apart."""
     from searchjax.models.encoder import load_encoder
     texts = _encoder_texts(n)
-    encoder = load_encoder(steps_per_octave=steps_per_octave)
+    encoder = load_encoder(steps_per_octave=steps_per_octave, dtype=dtype)
     start = time.perf_counter()
     vectors = encoder.encode(texts)
     return common.timed(lambda: encoder.encode(texts)), {"vectors": vectors, "first_s": time.perf_counter() - start}
 
 
 def _encoder_rows(args: BenchArgs) -> list[dict]:
-    """Our MiniLM against sentence-transformers, each side in its own fresh process (`common.alternate`):
-    ours as configured by default (quarter-octave length buckets, 1024-token batches), with half-octave and
-    with power-of-two buckets, warmed, then the four called in turn for `args.iters` rounds."""
+    """Our MiniLM against sentence-transformers, both in `args.dtype`, each side in its own fresh process
+    (`common.alternate`): ours as configured by default (quarter-octave length buckets, 1024-token batches), with
+    half-octave and with power-of-two buckets, warmed, then the four called in turn for `args.iters` rounds."""
     from searchjax.models.encoder import STEPS_PER_OCTAVE
     n = 64 if args.quick else 256
     variants = {"ours (default: quarter-octave buckets)": STEPS_PER_OCTAVE, "ours (half-octave buckets)": 2,
                 "ours (power-of-two buckets)": 1}
     timed = common.alternate({
-        "reference": (_encoder_reference_side, (n,), common.torch_environ()),
-        **{name: (_encoder_ours_side, (n, steps), common.ours_environ()) for name, steps in variants.items()},
+        "reference": (_encoder_reference_side, (n, args.dtype), common.torch_environ()),
+        **{name: (_encoder_ours_side, (n, steps, args.dtype), common.ours_environ())
+           for name, steps in variants.items()},
     }, rounds=args.iters, warmup=args.warmup)
     reference = timed["reference"]
     rows = []
     for name in variants:
         ours = timed[name]
         rows.append({"suite": "retrieval", "figure": "encoder passages/s", "variant": name, "passages": n,
+                     "dtype": args.dtype,
                      "ours_per_s": n / ours["median_s"], "ours_range_s": f"{ours['min_s']:.3g}-{ours['max_s']:.3g}",
                      "reference_per_s": n / reference["median_s"],
                      "reference_range_s": f"{reference['min_s']:.3g}-{reference['max_s']:.3g}",
@@ -290,7 +293,7 @@ def _server_rows(args: BenchArgs, index, corpus_name: str) -> list[dict]:
              "encoder_calls": stats.get("batches"), "requests_served": stats.get("requests")}]
 
 
-def _quick_dense_index():
+def _quick_dense_index(dtype: str):
     """--quick stand-in for the full dense default index: the gold articles of the default questions plus
     300 other extracts (seed 0), encoded in-run (seconds), never the 10,033-passage encode."""
     from retrieval.corpus import default_corpus
@@ -301,7 +304,8 @@ def _quick_dense_index():
     gold = {q.gold_title for q in default_questions(deduplicate=False)}
     others = [i for i, p in enumerate(corpus) if p.title not in gold]
     picked = set(np.random.default_rng(0).choice(others, 300, replace=False).tolist())
-    return DenseIndex.build([p for i, p in enumerate(corpus) if p.title in gold or i in picked], load_encoder())
+    return DenseIndex.build([p for i, p in enumerate(corpus) if p.title in gold or i in picked],
+                            load_encoder(dtype=dtype))
 
 
 def run(args: BenchArgs) -> list[dict]:
@@ -310,7 +314,7 @@ def run(args: BenchArgs) -> list[dict]:
     rows = _encoder_rows(args)
     rows += _synthetic_ann_rows(args)
     if args.quick:
-        dense, corpus_name = _quick_dense_index(), "default-sample-quick"
+        dense, corpus_name = _quick_dense_index(args.dtype), "default-sample-quick"
     else:   # encodes the 10,033 passages on first use (about 5 min on 2 cores); cached on disk after that
         dense, corpus_name = default_index("dense", progress=True), "default-corpus"
     rows += _default_corpus_rows(args, dense, corpus_name)

@@ -14,7 +14,7 @@ def spacy_ner():
 @pytest.fixture(scope="session")
 def minilm(minilm_dir):
     from searchjax.models.encoder import load_encoder
-    return load_encoder()
+    return load_encoder(dtype="float32")  # the rewards are compared with sentence-transformers' at 1e-4
 
 
 @pytest.fixture(scope="session")
