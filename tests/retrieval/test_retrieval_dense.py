@@ -33,8 +33,8 @@ def test_flat_scores_are_inner_products_of_the_encoder(dense_sample_index, minil
     hits = dense_sample_index.search([query], topk=5)[0]
     q = minilm.encode([query], is_query=True)[0]
     p = minilm.encode([h.contents for h in hits])
-    # In bfloat16 a passage's embedding depends on the shape of the batch it was encoded in (XLA:CPU chooses the
-    # products' kernels, and whether bf16 rounding is kept, by shape): 4.7e-4 apart here, within bf16's 2^-9.
+    # In bfloat16 a passage's embedding depends on the shape of the batch it was encoded in (XLA:CPU picks the
+    # products' kernels by shape): 4.7e-4 apart here, within bf16's 2^-9.
     np.testing.assert_allclose([h.score for h in hits], p @ q, atol={"float32": 1e-5, "bfloat16": 2e-3}[
         minilm.config.dtype])
 
