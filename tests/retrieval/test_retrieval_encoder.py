@@ -1,5 +1,6 @@
 """Text encoders against sentence-transformers / transformers, and the length-bucket planner."""
 
+import dataclasses
 import json
 import shutil
 
@@ -7,7 +8,7 @@ import numpy as np
 import pytest
 
 from searchjax.models.embedding import length_bucket, plan_batches
-from searchjax.models.encoder import load_encoder
+from searchjax.models.encoder import EncoderConfig, load_encoder
 
 
 def _cosine_rows(a, b):
@@ -29,8 +30,13 @@ def test_minilm_matches_sentence_transformers(minilm, minilm_dir, corpus, dtype)
     from sentence_transformers import SentenceTransformer
     # the session's encoder is the default one ("auto": the host's dtype); the other dtype is loaded here
     assert minilm.describe()["dtype"] == minilm.config.dtype == host_compute_dtype()
+    assert minilm.config.attention_impl == "native"   # JAX runs on the CPU here
     encoder = minilm if minilm.config.dtype == dtype else load_encoder(minilm_dir, preset="all-minilm-l6-v2",
                                                                         dtype=dtype)
+    # the products' kernels are stored in their dtype (cast once, at load), the rest in float32
+    layer = encoder.params["layer_0"]
+    assert layer["ffn_in"]["kernel"].dtype == np.dtype(dtype) and layer["ffn_in"]["bias"].dtype == np.float32
+    assert encoder.params["word_embeddings"]["embedding"].dtype == np.float32
     passages = [p.contents for p in corpus[::100][:100]]          # 100 passages spread over the corpus
     queries = ["who painted the mona lisa", "What is the height of K2?", "capital of australia"]
     reference = SentenceTransformer(str(minilm_dir), device="cpu")
@@ -49,6 +55,47 @@ def test_minilm_matches_sentence_transformers(minilm, minilm_dir, corpus, dtype)
 def test_encoder_dtype_is_checked_before_loading(minilm_dir):
     with pytest.raises(ValueError, match="EncoderConfig.dtype must be .* got 'fp8'"):
         load_encoder(minilm_dir, preset="all-minilm-l6-v2", dtype="fp8")
+    with pytest.raises(ValueError, match="EncoderConfig.attention_impl must be None or 'native', got 'flash'"):
+        EncoderConfig("x", attention_impl="flash")
+
+
+def test_native_attention_matches_the_einsums_and_an_exact_reference(monkeypatch):
+    """The encoder's attention through the CPU kernel (`native.block_attention` with every slot before every query)
+    against its einsum form and float64 numpy, in bfloat16, with padded keys and a row without a real token. The
+    kernel runs for long buckets only; its AMX gate is lifted here so any CPU runs it (vdpbf16ps or its f32 form
+    where the build lacks AMX)."""
+    import jax
+    import jax.numpy as jnp
+    from searchjax.models import encoder, native
+    monkeypatch.setattr(native, "amx_tiles", lambda: True)
+    heads, d, t = 12, 32, encoder.NATIVE_ATTENTION_MIN_TOKENS
+    einsums = EncoderConfig("x", dtype="bfloat16")
+    kernel = dataclasses.replace(einsums, attention_impl="native")
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((3, t, heads * d)).astype(np.float32) * scale for scale in (0.4, 0.4, 1.0))
+    mask = np.arange(t)[None] < np.array([t, 100, 0])[:, None]   # full, padded, no real token
+
+    def attend(config, tokens):
+        return jax.jit(lambda *a: encoder._attention(*a, config))(q[:, :tokens], k[:, :tokens], v[:, :tokens],
+                                                                  mask[:, :tokens])
+    hlo = jax.jit(lambda *a: encoder._attention(*a, kernel)).lower(q, k, v, mask).as_text()
+    assert native.BLOCK_ATTENTION_TARGET in hlo
+    short = jax.jit(lambda *a: encoder._attention(*a, kernel)).lower(*(x[:, :t - 8] for x in (q, k, v, mask)))
+    assert native.BLOCK_ATTENTION_TARGET not in short.as_text()   # below the threshold: the einsums
+    # float64 reference. A row without a real token (never made by `embedding.embed_batched`, which gives padding
+    # rows one) attends to all its slots through the kernel, not to NaN; the einsums' equal logits weigh them
+    # uniformly instead, so that row is compared with the reference only.
+    rounded = [np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64).reshape(3, t, heads, d) for x in (q, k, v)]
+    logits = np.einsum("bthd,bshd->bhts", rounded[0], rounded[1]) / np.sqrt(d)
+    logits = np.where(mask[:, None, None, :] | ~mask.any(1)[:, None, None, None], logits, -np.inf)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    reference = np.einsum("bhts,bshd->bthd", probs / probs.sum(-1, keepdims=True), rounded[2]).reshape(3, t, -1)
+    ours, theirs = np.asarray(attend(kernel, t)), np.asarray(attend(einsums, t))
+    # The kernel rounds the probabilities and its output to bf16 (2^-9 relative each): an output, a convex
+    # combination of values of size ~3 at most, stays within ~2 x 3 x 2^-9 = 0.012 of exact (1.3e-3 measured).
+    assert np.abs(ours - reference).max() < 0.012
+    assert np.abs(ours[:2] - theirs[:2]).max() < 0.012 and np.abs(theirs[:2] - reference[:2]).max() < 0.012
+    assert np.abs(ours - reference).mean() < 1e-3   # most outputs far closer than the bound
 
 
 def test_plan_batches_covers_every_index_with_power_of_two_buckets():
