@@ -59,6 +59,21 @@ def test_encoder_dtype_is_checked_before_loading(minilm_dir):
         EncoderConfig("x", attention_impl="flash")
 
 
+def test_gelu_is_torch_exact_gelu():
+    """The encoder's GELU (the erf form, `encoder._gelu`) against torch's exact GELU and scipy's erfc in float64."""
+    import scipy.special
+    import torch
+    from searchjax.models.encoder import _gelu
+    x = np.concatenate([np.linspace(-12, 12, 4001), np.random.default_rng(0).standard_normal(4000) * 3])
+    x = x.astype(np.float32)
+    exact = 0.5 * x.astype(np.float64) * scipy.special.erfc(-x.astype(np.float64) / np.sqrt(2))
+    ours = np.asarray(_gelu(x), np.float64)
+    theirs = torch.nn.functional.gelu(torch.from_numpy(x)).double().numpy()
+    # float32 rounding of x (1 + erf) / 2: a few ulps of the output, ~1e-6 at |x| ~ 12
+    np.testing.assert_allclose(ours, exact, rtol=1e-6, atol=2e-6)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=2e-6)
+
+
 def test_native_attention_matches_the_einsums_and_an_exact_reference(monkeypatch):
     """The encoder's attention through the CPU kernel (`native.block_attention` with every slot before every query)
     against its einsum form and float64 numpy, in bfloat16, with padded keys and a row without a real token. The
