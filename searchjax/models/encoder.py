@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from searchjax.models import native
 from searchjax.models.embedding import BucketedEmbedder, pool
 
 # --- configs -----------------------------------------------------------------------------------------
@@ -200,7 +201,6 @@ def _native_attention_fits(cfg: EncoderConfig, tokens: int) -> bool:
     """Whether a layer's attention over `tokens` padded tokens runs through `native.block_attention`: the config
     asks for it, bf16 products, a long bucket (NATIVE_ATTENTION_MIN_TOKENS) and the kernel's products on AMX's
     tiles (the only CPU it was measured faster on; `native.amx_tiles`)."""
-    from searchjax.models import native
     return (cfg.attention_impl == "native" and cfg.dtype == "bfloat16" and tokens >= NATIVE_ATTENTION_MIN_TOKENS
             and native.amx_tiles())
 
@@ -208,7 +208,6 @@ def _native_attention_fits(cfg: EncoderConfig, tokens: int) -> bool:
 def _attention(q, k, v, token_mask, cfg: EncoderConfig) -> jax.Array:
     """softmax(q k^T / sqrt(d) + mask) v per head for q, k, v [B, T, H] float32 (the projections) and token_mask
     [B, T] (True = a real token: a key every query may see) -> [B, T, H] float32."""
-    from searchjax.models import native
     b, t, hidden = q.shape
     d = hidden // cfg.num_heads
     if _native_attention_fits(cfg, t):
@@ -305,8 +304,8 @@ def load_bert_params(path: str | os.PathLike, config: EncoderConfig) -> dict:
     source = SafetensorsSource(pathlib.Path(path))
     expected = jax.eval_shape(lambda: BertEncoder(config).init(
         jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32), jnp.ones((1, 1), bool)))["params"]
-    flat_expected = {k: v.shape for k, v in flax.traverse_util.flatten_dict(expected).items()}
-    dtypes = {k: v.dtype for k, v in flax.traverse_util.flatten_dict(expected).items()}
+    flat = flax.traverse_util.flatten_dict(expected)   # path -> ShapeDtypeStruct
+    flat_expected = {k: v.shape for k, v in flat.items()}
     params: dict[tuple[str, ...], np.ndarray] = {}
     for key in source.names:
         short = key[len("bert."):] if key.startswith("bert.") else key
@@ -330,7 +329,7 @@ def load_bert_params(path: str | os.PathLike, config: EncoderConfig) -> dict:
     if missing:
         raise CheckpointError(f"{path}: parameters left unset by the checkpoint: {missing[:8]}"
                               f"{' ...' if len(missing) > 8 else ''}")
-    return flax.traverse_util.unflatten_dict({k: jnp.asarray(v, dtypes[k]) for k, v in params.items()})
+    return flax.traverse_util.unflatten_dict({k: jnp.asarray(v, flat[k].dtype) for k, v in params.items()})
 
 
 # --- the embedder objects the indexes use -------------------------------------------------------------
