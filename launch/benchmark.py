@@ -68,5 +68,5 @@ def main(argv):
 
 if __name__ == "__main__":
     from searchjax.runtime import use_transparent_huge_pages
-    use_transparent_huge_pages()  # re-executes once with GLIBC_TUNABLES set (faster XLA:CPU buffers)
+    use_transparent_huge_pages()  # re-executes once with GLIBC_TUNABLES set (XLA:CPU's buffers: huge pages, kept)
     app.run(main)

@@ -85,19 +85,44 @@ def resolve_dtype(name: str) -> str:
 
 
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+# Freed memory stays in the process: one malloc arena, no chunk of its own mapping, no trimming of the heap's top
+# (`use_transparent_huge_pages` says why).
+KEEP_MEMORY_TUNABLES = ("glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
+                        "glibc.malloc.trim_threshold=1099511627776")
+MALLOC_TUNABLES = (HUGE_PAGES_TUNABLE, *KEEP_MEMORY_TUNABLES)
+
+
+def with_malloc_tunables(tunables: str) -> str:
+    """A GLIBC_TUNABLES value with `MALLOC_TUNABLES` added after it, but none whose name it already sets: a
+    setting the user made stays as made."""
+    named = {t.split("=")[0] for t in tunables.split(":") if t}
+    return ":".join(filter(None, [tunables, *(t for t in MALLOC_TUNABLES if t.split("=")[0] not in named)]))
 
 
 def use_transparent_huge_pages() -> None:
-    """Re-execute this process (same interpreter and argv) with glibc's malloc asking for transparent huge pages.
+    """Re-execute this process (same interpreter and argv) with glibc's malloc asking for transparent huge pages
+    and keeping the memory it frees (`MALLOC_TUNABLES`).
 
     XLA:CPU takes its large buffers (layer-stacked activations and gradients, the scan's zero-filled outputs)
     from malloc, and where the kernel's THP mode is `madvise` (a common default) they get 4 KiB pages: a
     page fault per 4 KiB on first touch and TLB misses on every strided pass. With GLIBC_TUNABLES
     glibc.malloc.hugetlb=1 (glibc >= 2.35) malloc madvises its mappings for 2 MiB pages: one SmolLM2
     2 x 512-token micro-batch forward + backward took 5.5-5.7 s instead of 6.0-6.2 s (2 cores, same day).
+
+    Kept memory: XLA:CPU mallocs each execution's temporaries as one block (3.37 GB for the train benchmark's
+    bf16 update) and frees it at the end; glibc serves so large a block from a mapping of its own and unmaps it
+    on free, so every call faults all of it in again. How much that costs depends on what the host does with
+    memory given back: on the 2-core sandbox of 2026-12-06 a 3.37 GB first touch took 0.6 s right after a
+    free and 6.2 s after 11 s idle (the host had reclaimed it), and the bf16 update took 7.9 s back to back
+    but 12.8 s when each call followed 11 s of something else (a rollout; the benchmark's torch side). With one
+    arena (`arena_max=1`: the block comes from the main heap even when an XLA thread asks), no separate
+    mappings (`mmap_max=0`) and no trimming, the block stays mapped between calls: 8.5 s after the same gaps,
+    8.3 s back to back (`docs/performance.md`, "The update's temporaries kept mapped"). The process keeps its
+    peak footprint instead of returning memory between calls.
+
     glibc reads GLIBC_TUNABLES once at start-up, hence the re-exec, which launch scripts do first thing in
-    `__main__`, before absl parses flags and before JAX is imported. A no-op when the tunable is already
-    set, on other platforms or older glibc, when THP is `never`, or with SEARCHJAX_HUGE_PAGES=0.
+    `__main__`, before absl parses flags and before JAX is imported. A no-op when glibc.malloc.hugetlb is
+    already set, on other platforms or older glibc, when THP is `never`, or with SEARCHJAX_HUGE_PAGES=0.
     """
     import platform
     import sys
@@ -115,5 +140,5 @@ def use_transparent_huge_pages() -> None:
                 return
     except (OSError, ValueError):
         return
-    env = dict(os.environ, GLIBC_TUNABLES=":".join(filter(None, [tunables, HUGE_PAGES_TUNABLE])))
+    env = dict(os.environ, GLIBC_TUNABLES=with_malloc_tunables(tunables))
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)

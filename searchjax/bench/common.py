@@ -152,11 +152,11 @@ def format_table(rows: list[dict]) -> str:
 
 
 def torch_environ() -> dict:
-    """os.environ without `runtime.HUGE_PAGES_TUNABLE`, for the torch references: they run as torch users run
+    """os.environ without `runtime.MALLOC_TUNABLES`, for the torch references: they run as torch users run
     them (THP via glibc's malloc made the train benchmark's torch update about 15 % slower here, 27.2 vs 23.2 s,
     while the JAX side gains)."""
-    from searchjax.runtime import HUGE_PAGES_TUNABLE
-    tunables = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t and t != HUGE_PAGES_TUNABLE]
+    from searchjax.runtime import MALLOC_TUNABLES
+    tunables = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t and t not in MALLOC_TUNABLES]
     environ = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     return environ | ({"GLIBC_TUNABLES": ":".join(tunables)} if tunables else {})
 
@@ -251,11 +251,11 @@ def _receive(name: str, connection, process):
 
 
 def ours_environ() -> dict:
-    """os.environ with `runtime.HUGE_PAGES_TUNABLE` in GLIBC_TUNABLES: our side's best setting (see
+    """os.environ with `runtime.MALLOC_TUNABLES` in GLIBC_TUNABLES: our side's best setting (see
     `runtime.use_transparent_huge_pages`), set at process start as the launch scripts do."""
-    from searchjax.runtime import HUGE_PAGES_TUNABLE
-    tunables = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t and t != HUGE_PAGES_TUNABLE]
-    return dict(os.environ) | {"GLIBC_TUNABLES": ":".join(tunables + [HUGE_PAGES_TUNABLE])}
+    from searchjax.runtime import MALLOC_TUNABLES, with_malloc_tunables
+    tunables = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t and t not in MALLOC_TUNABLES]
+    return dict(os.environ) | {"GLIBC_TUNABLES": with_malloc_tunables(":".join(tunables))}
 
 
 def torch_device() -> str:

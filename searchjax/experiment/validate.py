@@ -336,8 +336,9 @@ def run_launcher(argv, body: Callable[[], object], *, distributed_cfg, verbose: 
 
 
 def start_launcher(main: Callable, required: Sequence[str] = ("config", "workdir")) -> None:
-    """A launcher's `if __name__ == "__main__":` block: transparent huge pages (re-executes the process once with
-    GLIBC_TUNABLES set: faster XLA:CPU buffers), the required flags, then absl's `app.run(main)`."""
+    """A launcher's `if __name__ == "__main__":` block: glibc's malloc tunables (re-executes the process once with
+    GLIBC_TUNABLES set: XLA:CPU's buffers on huge pages and kept between calls), the required flags, then absl's
+    `app.run(main)`."""
     from absl import app, flags
     from searchjax.runtime import use_transparent_huge_pages
     use_transparent_huge_pages()
