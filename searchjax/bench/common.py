@@ -155,10 +155,15 @@ def torch_environ() -> dict:
     """os.environ without `runtime.MALLOC_TUNABLES`, for the torch references: they run as torch users run
     them (THP via glibc's malloc made the train benchmark's torch update about 15 % slower here, 27.2 vs 23.2 s,
     while the JAX side gains)."""
-    from searchjax.runtime import MALLOC_TUNABLES
-    tunables = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t and t not in MALLOC_TUNABLES]
+    tunables = _users_tunables()
     environ = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    return environ | ({"GLIBC_TUNABLES": ":".join(tunables)} if tunables else {})
+    return environ | ({"GLIBC_TUNABLES": tunables} if tunables else {})
+
+
+def _users_tunables() -> str:
+    """GLIBC_TUNABLES as the user set it, without ours (a parent launched through the re-exec carries them)."""
+    from searchjax.runtime import MALLOC_TUNABLES
+    return ":".join(t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t and t not in MALLOC_TUNABLES)
 
 
 def summary(seconds: list[float]) -> dict[str, float]:
@@ -253,9 +258,8 @@ def _receive(name: str, connection, process):
 def ours_environ() -> dict:
     """os.environ with `runtime.MALLOC_TUNABLES` in GLIBC_TUNABLES: our side's best setting (see
     `runtime.use_transparent_huge_pages`), set at process start as the launch scripts do."""
-    from searchjax.runtime import MALLOC_TUNABLES, with_malloc_tunables
-    tunables = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t and t not in MALLOC_TUNABLES]
-    return dict(os.environ) | {"GLIBC_TUNABLES": with_malloc_tunables(":".join(tunables))}
+    from searchjax.runtime import with_malloc_tunables
+    return dict(os.environ) | {"GLIBC_TUNABLES": with_malloc_tunables(_users_tunables())}
 
 
 def torch_device() -> str:

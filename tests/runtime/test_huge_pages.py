@@ -13,12 +13,15 @@ SCRIPT = ("import os, sys; from searchjax.runtime import use_transparent_huge_pa
           "print('tunables', os.environ.get('GLIBC_TUNABLES'), flush=True)")
 
 
-def _run(env_changes: dict) -> list[str]:
+def _stdout(args: list[str], env_changes: dict) -> str:
+    """`python args` from the repository root, with none of the re-exec's variables but `env_changes`."""
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "SEARCHJAX_HUGE_PAGES")}
-    out = subprocess.run([sys.executable, "-c", SCRIPT, "a b", "--flag=1"], env=env | env_changes, check=True,
-                         capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
-                             os.path.abspath(__file__))))).stdout
-    return out.splitlines()
+    return subprocess.run([sys.executable, *args], env=env | env_changes, check=True, capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))).stdout
+
+
+def _run(env_changes: dict) -> list[str]:
+    return _stdout(["-c", SCRIPT, "a b", "--flag=1"], env_changes).splitlines()
 
 
 def _supported() -> bool:
@@ -65,10 +68,7 @@ print((rss() - before) // 2 ** 20, flush=True)
 
 
 def _kept_mib(env_changes: dict) -> int:
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "SEARCHJAX_HUGE_PAGES")}
-    out = subprocess.run([sys.executable, "-c", KEEP_SCRIPT], env=env | env_changes, check=True, capture_output=True,
-                         text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    return int(out.stdout.split()[-1])
+    return int(_stdout(["-c", KEEP_SCRIPT], env_changes).split()[-1])
 
 
 def test_a_freed_block_stays_mapped_with_the_tunables_and_is_returned_without():
