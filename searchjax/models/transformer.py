@@ -33,8 +33,8 @@ import jax.numpy as jnp
 from flax.core import FrozenDict
 
 from searchjax.models import native
-from searchjax.models.kernels import (apply_rope, grouped_attention, matmul, rms_norm, swiglu,
-                                      update_slice_in_dim)
+from searchjax.models.kernels import (apply_rope, from_scan_bits, grouped_attention, matmul, rms_norm, swiglu,
+                                      update_slice_in_dim, with_scan_bits)
 from searchjax.sharding import constrain
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -405,10 +405,15 @@ class Transformer(nn.Module):
         block = DecoderLayer
         if cfg.remat_policy != "none":
             block = nn.remat(block, policy=_remat_policy(cfg.remat_policy), prevent_cse=False)
+        scanned_params = not self.is_initializing()  # 16-bit weights are scanned as bits (`with_scan_bits`)
+        if scanned_params:
+            block = nn.map_variables(block, "params", trans_in_fn=from_scan_bits)
         layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                          in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast), length=cfg.num_layers,
                          unroll=1 if cfg.scan_layers else cfg.num_layers,
                          metadata_params={nn.PARTITION_NAME: "layers"})
+        if scanned_params:
+            layers = nn.map_variables(layers, "params", trans_in_fn=with_scan_bits)
         x, new_layer_caches = layers(cfg, name="layers")(x, layer_caches, cos, sin, mask, cache_index)
         x = RMSNorm(cfg.rms_norm_eps, "embed", pdt, name="final_norm")(x)
         new_cache = None

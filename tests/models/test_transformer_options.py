@@ -240,3 +240,36 @@ def test_causal_block_splits_have_autodiff_gradients():
         weights = [jnp.asarray(rng.standard_normal(p.shape), jnp.float32) for p in parts]
         loss = lambda f: jax.grad(lambda x: sum(jnp.sum(p * w) for p, w in zip(f(x, 3), weights)))(x)
         np.testing.assert_allclose(loss(ours), loss(plain), rtol=1e-6, atol=1e-6)
+
+
+def _stacked_f32_gate(model, params, ids, mask) -> bool:
+    """Whether the compiled bf16 forward holds a float32 copy of the stacked [L, H, F] gate kernels."""
+    cfg = model.config
+    text = jax.jit(model.apply).lower({"params": params}, ids, positions_from_mask(mask), mask).compile().as_text()
+    return f"f32[{cfg.num_layers},{cfg.hidden_size},{cfg.intermediate_size}]" in text
+
+
+def test_bf16_weights_are_scanned_as_bits_and_differentiate_as_weights(tiny_loaded, padded_batch):
+    """XLA:CPU converts stacked bf16 weights sliced by a scan to float32 whole (`kernels.with_scan_bits`); the
+    model scans their bits instead, and its gradients are those of the same weights held in float32: the bf16
+    forward is the same computation, and the cotangent of a float32 weight cast to bf16 is the bf16 one, widened."""
+    model, params = tiny_loaded["tiny-qwen3"]
+    ids, mask = (jnp.asarray(x) for x in padded_batch)
+    bf16 = Transformer(model.config.replace(dtype="bfloat16", param_dtype="bfloat16"))
+    params_bf16 = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+    params_rounded = jax.tree.map(lambda p: p.astype(jnp.float32), params_bf16)
+    gate = params_bf16["layers"]["mlp"]["gate_proj"]["kernel"]
+    assert gate.shape == (2, 32, 64)
+    plain_scan = jax.jit(lambda w, x: jax.lax.scan(lambda x, w: (x @ w @ w.T, None), x, w)[0])
+    assert f"f32[{','.join(map(str, gate.shape))}]" in plain_scan.lower(gate, gate[0, :, :3].T).compile().as_text()
+    assert not _stacked_f32_gate(bf16, params_bf16, ids, mask)
+
+    loss, grads = _loss_and_grads(bf16, params_bf16, ids, mask)
+    reference_loss, reference_grads = _loss_and_grads(Transformer(bf16.config.replace(param_dtype="float32")),
+                                                      params_rounded, ids, mask)
+    np.testing.assert_allclose(loss, reference_loss, rtol=1e-6)
+    for path, g, reference in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(grads),
+                                  jax.tree.leaves(reference_grads)):
+        assert g.dtype == jnp.bfloat16 and float(jnp.abs(g.astype(jnp.float32)).max()) > 0, path[0]
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(reference.astype(jnp.bfloat16), np.float32),
+                                   rtol=1e-2, atol=1e-3, err_msg=jax.tree_util.keystr(path[0]))
