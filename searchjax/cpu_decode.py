@@ -20,7 +20,7 @@ from searchjax.models import KVCache, lm_head_weight, native, transformer
 from searchjax.models.decode_attention import (WINDOW_BITS, block_values, decode_attention, from_key_window,
                                                from_window, kernel_runs, key_window_dtype, pairs_values, to_key_window,
                                                to_window, unblock_values, value_block)
-from searchjax.models.kernels import matmul, swiglu, update_slice, update_slice_in_dim
+from searchjax.models.kernels import matmul, silu_times, swiglu, update_slice, update_slice_in_dim
 
 
 def layer_weights(params, config, pack: bool = False) -> list:
@@ -242,7 +242,7 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
         h = norm(weights["mlp_norm"], x).astype(dt)[:, 0]
         gate_up = native.skinny_matmul(h, mlp["gate_up_packed"])
         gate, up = gate_up[:, :config.intermediate_size], gate_up[:, config.intermediate_size:]
-        x = x + native.skinny_matmul(jax.nn.silu(gate) * up, mlp["down_proj"]["kernel"])[:, None]
+        x = x + native.skinny_matmul(silu_times(gate, up), mlp["down_proj"]["kernel"])[:, None]
         return x, k_window, v_window
     # as one [B, N * D] x [N * D, H] product: with the two contracted axes (n, d) XLA:CPU chose to transpose the
     # weight to [D, N, H] (a copy per layer and step) rather than order the small activation

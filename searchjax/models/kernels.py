@@ -314,6 +314,14 @@ def _attention_bwd(scale, residuals, d_out):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+def silu_times(gate: jax.Array, up: jax.Array) -> jax.Array:
+    """silu(gate) * up as transformers computes it in 16-bit floats: silu in float32 from the rounded gate, rounded
+    once, then the product in gate's dtype. `jax.nn.silu` on a bf16 array has XLA:CPU round after each of its four
+    ops: 35 % of the elements of a [2048, 1536] product differed from torch's, and the fusion took 4.3 ms against
+    3.1 (2-core Xeon). In float32 the two are the same."""
+    return jax.nn.silu(gate.astype(jnp.float32)).astype(gate.dtype) * up
+
+
 @jax.custom_vjp
 def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) -> jax.Array:
     """The SwiGLU MLP (Shazeer 2020), W_down(silu(x W_gate) * x W_up), for x [B, T, H], W_gate/W_up [H, F],
@@ -341,7 +349,7 @@ def swiglu(x: jax.Array, w_gate: jax.Array, w_up: jax.Array, w_down: jax.Array) 
 def _swiglu_forward(x, w_gate, w_up, w_down):
     gate = matmul("bth,hf->btf", x, w_gate)
     up = matmul("bth,hf->btf", x, w_up)
-    return matmul("btf,fh->bth", jax.nn.silu(gate) * up, w_down), gate, up
+    return matmul("btf,fh->bth", silu_times(gate, up), w_down), gate, up
 
 
 def _swiglu_fwd(x, w_gate, w_up, w_down):
@@ -351,11 +359,13 @@ def _swiglu_fwd(x, w_gate, w_up, w_down):
 
 def _swiglu_bwd(residuals, d_y):
     x, w_gate, w_up, w_down, gate, up = residuals
-    sig = jax.nn.sigmoid(gate)
-    act = gate * sig * up
-    d_act = matmul("bth,fh->btf", d_y, w_down)
-    d_gate = d_act * up * sig * (1 + gate * (1 - sig))
-    d_up = d_act * gate * sig
+    # in float32 from the rounded operands, each result rounded once (as the forward's `silu_times`)
+    gate32, d_act = gate.astype(jnp.float32), matmul("bth,fh->btf", d_y, w_down)
+    sig = jax.nn.sigmoid(gate32)
+    silu = (gate32 * sig).astype(gate.dtype)
+    act = silu * up
+    d_gate = (d_act.astype(jnp.float32) * up.astype(jnp.float32) * sig * (1 + gate32 * (1 - sig))).astype(gate.dtype)
+    d_up = d_act * silu
     d_w_down = matmul("bth,btf->hf", d_y, act).T
     d_w_gate = matmul("bth,btf->hf", x, d_gate)
     d_w_up = matmul("bth,btf->hf", x, d_up)

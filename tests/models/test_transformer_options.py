@@ -114,15 +114,31 @@ def test_grouped_attention_matches_jax_dot_product_attention(dtype):
         np.testing.assert_allclose(f32(g), f32(r), err_msg=f"d{name}", **tol)
 
 
+def test_silu_times_rounds_as_torch_does():
+    """silu(g) * u on bf16 operands, bit for bit torch's (silu in float32 from the bf16 gate, rounded once, then the
+    bf16 product); in float32 jax.nn.silu(g) * u."""
+    import torch
+    from searchjax.models.kernels import silu_times
+    rng = np.random.default_rng(3)
+    gate, up = (rng.standard_normal((64, 96)).astype(np.float32) * 4 for _ in range(2))
+    as_torch = lambda a: torch.from_numpy(a.copy()).bfloat16()  # noqa: E731
+    reference = (torch.nn.functional.silu(as_torch(gate)) * as_torch(up)).float().numpy()
+    ours = silu_times(jnp.asarray(gate, jnp.bfloat16), jnp.asarray(up, jnp.bfloat16))
+    assert ours.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(ours, np.float32), reference)
+    np.testing.assert_allclose(silu_times(jnp.asarray(gate), jnp.asarray(up)), jax.nn.silu(gate) * up, rtol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_swiglu_backward_matches_autodiff(dtype):
-    """The hand-written SwiGLU backward against jax.grad of the textbook formula: dx and all three weights."""
-    from searchjax.models.kernels import swiglu
+    """The hand-written SwiGLU backward against jax.grad of the textbook formula: dx and all three weights (silu
+    rounded as torch rounds it in bf16: `silu_times`, checked against torch above)."""
+    from searchjax.models.kernels import silu_times, swiglu
     B, T, H, F = 2, 7, 12, 20
     rng = np.random.default_rng(1)
     x, w_gate, w_up, w_down = (jnp.asarray(rng.standard_normal(shape), dtype) for shape in
                                ((B, T, H), (H, F), (H, F), (F, H)))
-    textbook = lambda x, g, u, d: (jax.nn.silu(x @ g) * (x @ u)) @ d
+    textbook = lambda x, g, u, d: silu_times(x @ g, x @ u) @ d
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float32" else dict(rtol=3e-2, atol=3e-2)
     f32 = lambda a: np.asarray(a, np.float32)
     np.testing.assert_allclose(f32(swiglu(x, w_gate, w_up, w_down)), f32(textbook(x, w_gate, w_up, w_down)), **tol)
