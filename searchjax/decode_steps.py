@@ -2,7 +2,7 @@
 
 `searchjax.generation` is the host side (sessions, buckets, capacity checks, results); this module is what
 runs on the device. Prefill and append run the model's own forward (`Transformer.__call__` with the cache;
-on one CPU device its attention through the block kernel, `block_model`);
+on one CPU device its attention through the block kernel, `native.block_attention_model`);
 the decode step (`decode_forward`) is its own function over the same parameters and the same maths.
 
 Compilations. Parameters, the state, the budget, temperature, top-p and the stop table are traced
@@ -53,7 +53,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from searchjax import sampling, sharding
 from searchjax.cpu_decode import (decode_forward, layer_weights, merge_cache, one_device, packed_decode,
                                   packed_lm_head, per_layer_decode, split_cache, window_layout)
-from searchjax.models import KVCache, init_cache, lm_head_weight, positions_from_mask, transformer
+from searchjax.models import KVCache, init_cache, lm_head_weight, native, positions_from_mask, transformer
 from searchjax.models.kernels import matmul, update_slice_in_dim
 
 RUNNING, EOS, STOP, LENGTH = 0, 1, 2, 3
@@ -132,15 +132,6 @@ def process_logits(logits, logits_fn, logits_processor, tokens, lengths):
     return logits
 
 
-def block_model(model, mesh: Optional[Mesh]):
-    """The model prefill and append run: on one CPU device, `attention_impl="native"`, so their blocks attend
-    through the CPU kernel `native.block_attention` (XLA:CPU's einsums made and streamed [B, N, T, S] logits:
-    a quarter of a Search-R1 rollout's time); else `model` itself."""
-    if model is None or model.config.attention_impl is not None or not per_layer_decode(mesh) or not one_device(mesh):
-        return model
-    return model.clone(config=model.config.replace(attention_impl="native"))
-
-
 def decode_forward_stacked(params, model, token, position, running, cache: KVCache):
     """`decode_forward` for accelerators (`per_layer_decode`): the model's own layers scanned over the stacked
     parameters, the stacked [L, B, W, K, D] cache a loop carry of which each layer writes only its new slot
@@ -198,7 +189,7 @@ def prefill(params, prompt_ids, prompt_mask, tokens, lengths, done, row_keys, *,
     attend over the cache's first `window` slots (>= P; None: all of them), as `append_block`'s blocks do."""
     batch = prompt_ids.shape[0]
     full = init_cache(model.config, batch, cache_len) if model is not None else None
-    logits, cache = next_logits(params, block_model(model, mesh), logits_fn, prompt_ids,
+    logits, cache = next_logits(params, native.block_attention_model(model, mesh), logits_fn, prompt_ids,
                                  positions_from_mask(prompt_mask), prompt_mask,
                                  window_cache(full, window or cache_len), tokens, lengths, logits_processor)
     cache = unwindow_cache(full, cache)
@@ -300,8 +291,8 @@ def append_block(params, state: SamplerState, block_ids, block_lengths, *, model
     tokens = state.tokens.at[rows, slot].set(block_ids, mode="drop")
     logprobs = state.logprobs.at[rows, slot].set(0.0, mode="drop")
     lengths = state.lengths + block_lengths
-    logits, cache = next_logits(params, block_model(model, mesh), logits_fn, block_ids, positions, mask,
-                                window_cache(state.cache, window or width), tokens, lengths, logits_processor)
+    logits, cache = next_logits(params, native.block_attention_model(model, mesh), logits_fn, block_ids, positions,
+                                mask, window_cache(state.cache, window or width), tokens, lengths, logits_processor)
     cache = unwindow_cache(state.cache, cache)
     resumed = block_lengths > 0
     new = state.replace(cache=cache, tokens=tokens, logprobs=logprobs, lengths=lengths,

@@ -5,8 +5,8 @@ through XLA's FFI.
 * skinny matmul (`native/skinny_matmul.cc`): a few rows against a weight packed in column blocks
   (`pack_columns`), the decode step's projections and LM head at batch 2-32, 1-32 in bf16 (`cpu_decode.layer_weights`);
 * block attention (`native/block_attention.cc`): a prompt or an appended block attending over the cache's
-  window with an online softmax (`block_attention`; prefill and append use it on one CPU device through
-  `decode_steps.block_model`);
+  window with an online softmax (`block_attention`; prefill, append and teacher-forced scoring use it on one CPU
+  device through `block_attention_model`);
 * the LM head's log-probabilities (`native/head_logprobs.cc`): log softmax(x w^T / temperature)[target] without
   the logits (`head_logprobs`; bf16 teacher-forced scoring and RLIF's statistics on a CPU with AMX,
   `scoring.target_logprobs`, `rlif.head_statistics`).
@@ -144,6 +144,22 @@ def block_attention_target() -> Optional[str]:
     """The FFI target of the block-attention kernel (built on first call), or None when the kernels are off or
     it cannot be built (`_target`)."""
     return None if not enabled() else _target(BLOCK_ATTENTION_TARGET, "block_attention.cc", "SearchjaxBlockAttention")
+
+
+def block_attention_model(model, mesh=None):
+    """`model` with `attention_impl="native"` where its blocks can attend through `block_attention`: one CPU
+    device (the mesh's, else JAX's default backend; XLA cannot partition the kernel's calls, and the compile
+    check builds TPU programs on a CPU host), and no attention_impl chosen already; else `model` itself. For
+    forward passes only: the kernel has no VJP. Prefill and append use it (XLA:CPU's einsums made and streamed
+    [B, N, T, S] logits: a quarter of a Search-R1 rollout's time), and so does teacher-forced scoring
+    (`scoring.token_logprobs`)."""
+    if model is None or model.config.attention_impl is not None:
+        return model
+    if mesh is not None and (mesh.devices.size != 1 or mesh.devices.flat[0].platform != "cpu"):
+        return model
+    if mesh is None and jax.default_backend() != "cpu":
+        return model
+    return model.clone(config=model.config.replace(attention_impl="native"))
 
 
 def block_attention_fits(q: jax.Array, k: jax.Array, v: jax.Array) -> bool:

@@ -66,9 +66,9 @@ class ModelConfig:
     remat_policy: str = "none"  # one of REMAT_POLICIES
     # None: `grouped_attention` (einsums in a heads-major layout, what XLA compiles best on CPU and TPU);
     # "xla" or "cudnn" (GPU only; bfloat16/float16 compute): jax.nn.dot_product_attention with that implementation;
-    # "native" (one CPU device): a block written into a cache attends through the CPU kernel
-    # `native.block_attention` where it fits (float32 or bfloat16), else as None does (`decode_steps.block_model`
-    # sets it).
+    # "native" (one CPU device, forward only): a block, written into a cache or not, attends through the CPU kernel
+    # `native.block_attention` where it fits (float32 or bfloat16), else as None does
+    # (`native.block_attention_model` sets it for prefill, append and scoring).
     attention_impl: Optional[str] = None
     bos_token_id: Optional[int] = None
     eos_token_ids: tuple = ()
@@ -255,8 +255,9 @@ class Attention(nn.Module):
             cache_v = update_slice_in_dim(cache_v, v, cache_index, axis=1)
             new_cache = (cache_k, cache_v)
             k, v = cache_k.astype(dt), cache_v.astype(dt)  # [B, S, K, D]
-        if layer_cache is not None and cfg.attention_impl == "native" and native.block_attention_fits(q, k, v):
-            # the last query's mask row is the slots' mask: it sees every filled slot before it (and its own)
+        if cfg.attention_impl == "native" and native.block_attention_fits(q, k, v):
+            # the last query's mask row is the slots' mask: it sees every filled slot before it (and its own);
+            # without a cache the block is its own window from slot 0 (forward only: the kernel has no VJP)
             out = native.block_attention(q, k, v, attn_mask[:, 0, -1, :], cache_index, D ** -0.5)
         elif cfg.attention_impl in (None, "native"):
             # without a cache the mask is causal over T == S slots: skip the blocks above the diagonal

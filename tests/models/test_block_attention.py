@@ -1,7 +1,7 @@
 """The block-attention kernel (`native.block_attention`, prefill's and append's attention on one CPU device):
 against a float64 numpy softmax written from the masking rule, and against `kernels.grouped_attention` with
 `transformer.attention_mask`'s mask, in float32 and in bfloat16 (both the bf16 dot-product form, where the host
-has AVX-512 BF16, and the f32-FMA form); the switch (`decode_steps.block_model`) and its use by append, whose
+has AVX-512 BF16, and the f32-FMA form); the switch (`native.block_attention_model`) and its use by append, whose
 result must equal the jnp form's. Greedy parity of whole generations (which now run it) is tests/generation's."""
 
 import os
@@ -114,8 +114,8 @@ def test_append_runs_the_kernel_on_one_cpu_device_and_equals_the_jnp_form(monkey
                                      num_layers=2, num_heads=6, num_kv_heads=2, head_dim=16)
     model = transformer.Transformer(config)
     params = transformer.init_params(config, jax.random.PRNGKey(0))
-    assert decode_steps.block_model(model, None).config.attention_impl == "native"
-    assert decode_steps.block_model(None, None) is None
+    assert native.block_attention_model(model).config.attention_impl == "native"
+    assert native.block_attention_model(None) is None
 
     def run(native_on: bool):
         monkeypatch.setenv("SEARCHJAX_NATIVE", "1" if native_on else "0")
@@ -138,3 +138,36 @@ def test_append_runs_the_kernel_on_one_cpu_device_and_equals_the_jnp_form(monkey
                                           model=model, logits_fn=None, mesh=None, rules=None).as_text()
     assert native.BLOCK_ATTENTION_TARGET in hlo
     assert os.environ["SEARCHJAX_NATIVE"] == "1"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_scoring_runs_the_kernel_on_one_cpu_device_and_equals_the_jnp_form(monkeypatch, dtype):
+    """token_logprobs (forward only) attends through the kernel without a cache: the block is its own window from
+    slot 0; left-padded rows and a short row's filler positions as in the model's own causal mask."""
+    from searchjax import scoring
+    config = transformer.ModelConfig(architecture="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
+                                     num_layers=2, num_heads=6, num_kv_heads=2, head_dim=16, dtype=dtype)
+    model = transformer.Transformer(config)
+    params = jax.tree.map(lambda p: p * 4, transformer.init_params(config, jax.random.PRNGKey(1)))  # peaked softmax
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, 64, (3, 40)).astype(np.int32)
+    mask = np.ones_like(ids, bool)
+    mask[1, :11], mask[2, :33] = False, False
+
+    def run(native_on: bool):
+        monkeypatch.setenv("SEARCHJAX_NATIVE", "1" if native_on else "0")
+        native._target.cache_clear()
+        jax.clear_caches()
+        return np.asarray(scoring.token_logprobs(model, params, ids, mask))
+
+    with_kernel, without = run(True), run(False)
+    assert np.abs(without).max() > 1.0  # not a uniform softmax
+    tol = 2e-5 if dtype == "float32" else 0.1  # bf16: the kernel rounds P before its normalisation
+    np.testing.assert_allclose(with_kernel, without, rtol=0, atol=tol)
+    monkeypatch.setenv("SEARCHJAX_NATIVE", "1")
+    native._target.cache_clear()
+    jax.clear_caches()  # the jnp form's trace is cached under the same static model
+    ids64, mask64 = (jnp.zeros((4, 64), jnp.int32), jnp.ones((4, 64), bool))
+    hlo = scoring._jitted_tail_logprobs(None).lower(native.block_attention_model(model), params, ids64, mask64,
+                                                    jnp.float32(1.0), tail=63, vocab_chunk=None).as_text()
+    assert native.BLOCK_ATTENTION_TARGET in hlo
