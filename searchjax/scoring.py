@@ -258,8 +258,8 @@ def _score_padded(model, params, ids: np.ndarray, mask: np.ndarray, temperature,
     fn = _jitted_tail_logprobs(mesh, rules)
     temperature = jnp.asarray(temperature, jnp.float32)
     # forward only: on one CPU device the blocks attend through the CPU kernel (module docstring)
-    return fn(native.block_attention_model(model, mesh), params, _place(ids, mesh, rules), _place(mask, mesh, rules), temperature, tail=tail,
-              vocab_chunk=vocab_chunk)
+    return fn(native.block_attention_model(model, mesh), params, _place(ids, mesh, rules), _place(mask, mesh, rules),
+              temperature, tail=tail, vocab_chunk=vocab_chunk)
 
 
 def _batch_bucket(n: int, params, rules) -> int:

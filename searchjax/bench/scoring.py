@@ -120,8 +120,9 @@ def _uncached_compile_seconds(model, params, ids, mask) -> float:
     from searchjax import scoring
     length = scoring.pow2_bucket(ids.shape[1], scoring.MIN_LENGTH_BUCKET)
     from searchjax.models import native
-    lowered = scoring._jitted_tail_logprobs(None).lower(native.block_attention_model(model), params, jnp.asarray(ids), jnp.asarray(mask),
-                                                        jnp.float32(1.0), tail=length - 1, vocab_chunk=None)
+    lowered = scoring._jitted_tail_logprobs(None).lower(native.block_attention_model(model), params, jnp.asarray(ids),
+                                                        jnp.asarray(mask), jnp.float32(1.0), tail=length - 1,
+                                                        vocab_chunk=None)
     start = time.perf_counter()
     # An explicit (default-valued) option gives a fresh in-memory cache key: a real XLA compile.
     lowered.compile({"xla_cpu_enable_fast_math": False})
