@@ -92,11 +92,11 @@ KEEP_MEMORY_TUNABLES = ("glibc.malloc.arena_max=1", "glibc.malloc.mmap_max=0",
 MALLOC_TUNABLES = (HUGE_PAGES_TUNABLE, *KEEP_MEMORY_TUNABLES)
 
 
-def with_malloc_tunables(tunables: str) -> str:
-    """A GLIBC_TUNABLES value with `MALLOC_TUNABLES` added after it, but none whose name it already sets: a
-    setting the user made stays as made."""
+def with_malloc_tunables(tunables: str, ours: tuple = MALLOC_TUNABLES) -> str:
+    """A GLIBC_TUNABLES value with `ours` (default `MALLOC_TUNABLES`) added after it, but none whose name it
+    already sets: a setting the user made stays as made."""
     named = {t.split("=")[0] for t in tunables.split(":") if t}
-    return ":".join(filter(None, [tunables, *(t for t in MALLOC_TUNABLES if t.split("=")[0] not in named)]))
+    return ":".join(filter(None, [tunables, *(t for t in ours if t.split("=")[0] not in named)]))
 
 
 def use_transparent_huge_pages() -> None:

@@ -160,6 +160,15 @@ def torch_environ() -> dict:
     return environ | ({"GLIBC_TUNABLES": tunables} if tunables else {})
 
 
+def torch_kept_memory_environ() -> dict:
+    """`torch_environ` with `runtime.KEEP_MEMORY_TUNABLES` (not the huge pages, which made torch slower): a second
+    torch reference whose glibc keeps what it frees, as ours does. Where the host takes freed memory back within
+    seconds, torch's default allocator pays fresh page faults for its large tensors on every call (its logits,
+    400 MB a scoring call at 8 x 256), and a benchmark that alternates the sides idles it between calls."""
+    from searchjax.runtime import KEEP_MEMORY_TUNABLES, with_malloc_tunables
+    return torch_environ() | {"GLIBC_TUNABLES": with_malloc_tunables(_users_tunables(), KEEP_MEMORY_TUNABLES)}
+
+
 def _users_tunables() -> str:
     """GLIBC_TUNABLES as the user set it, without ours (a parent launched through the re-exec carries them)."""
     from searchjax.runtime import MALLOC_TUNABLES

@@ -44,6 +44,24 @@ def test_alternate_reports_a_side_that_fails_by_name():
         common.alternate({"ok": (_sleeper, (0.0,), None), "broken": (_broken, (), None)}, rounds=1)
 
 
+def test_each_side_gets_its_allocator_settings_and_the_users_own_stay(monkeypatch):
+    """ours: huge pages and kept memory; torch: none of ours; torch kept: kept memory without huge pages. A
+    tunable the user set stays as set (here arena_max), and ours inherited from a re-executed parent never pass to
+    torch."""
+    from searchjax import runtime
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.arena_max=4:" + ":".join(runtime.MALLOC_TUNABLES))
+    tunables = lambda environ: environ.get("GLIBC_TUNABLES", "").split(":")  # noqa: E731
+    assert tunables(common.torch_environ()) == ["glibc.malloc.arena_max=4"]
+    assert tunables(common.ours_environ()) == ["glibc.malloc.arena_max=4", runtime.HUGE_PAGES_TUNABLE,
+                                              *runtime.KEEP_MEMORY_TUNABLES[1:]]
+    assert tunables(common.torch_kept_memory_environ()) == ["glibc.malloc.arena_max=4",
+                                                            *runtime.KEEP_MEMORY_TUNABLES[1:]]
+    assert runtime.KEEP_MEMORY_TUNABLES[0].startswith("glibc.malloc.arena_max=")
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    assert "GLIBC_TUNABLES" not in common.torch_environ()
+    assert tunables(common.torch_kept_memory_environ()) == list(runtime.KEEP_MEMORY_TUNABLES)
+
+
 def test_summary_is_the_median_with_its_range():
     assert common.summary([3.0, 1.0, 2.0, 10.0]) == {"median_s": 2.5, "min_s": 1.0, "max_s": 10.0, "n": 4}
 
