@@ -7,8 +7,8 @@ SmolLM2-135M-Instruct loaded from its GGUF by both sides (identical weights), ba
 2 x 64), in the compute dtype of --dtype. Each side runs in its own fresh process with its own best settings
 (`common.alternate`): ours with glibc's huge-page malloc (what the launch scripts use), torch with its default
 allocator, intra-op threads = cores and `torch.inference_mode` (and once more with glibc keeping what it frees);
-further processes time XLA's own GEMM and the model's products alone. Every side is warmed, then the sides run one call at a time, round after
-round, so load from elsewhere hits them alike. Figures:
+further processes time XLA's own GEMM and the model's products alone. Every side is warmed, then the sides run
+one call at a time, round after round, so load from elsewhere hits them alike. Figures:
   * median (min-max) seconds per call and tokens/s of each side; `speedup_vs_torch` = torch median / ours;
     `speedup_vs_torch_kept_memory` against a second torch process whose glibc keeps the memory it frees
     (`common.torch_kept_memory_environ`), as ours does: where the host reclaims freed memory quickly, torch's
