@@ -89,29 +89,47 @@ def target_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
                           ("batch", "seq", "vocab")) / temperature
         return _log_softmax_at(z, targets)
     w, column = strided_chunks(lm_head, n_chunks)
-    padded = w.shape[1] * n_chunks
+    padded = w.shape[0] * n_chunks
     targets = targets.astype(jnp.int32)
     B, T = targets.shape
+    hidden, temperature = fold_temperature(hidden, temperature)
 
     def body(k, carry):
-        m, s, picked = carry
-        chunk = jax.lax.dynamic_index_in_dim(w, k, axis=2, keepdims=False).astype(hidden.dtype)  # [H, C]
+        m, s = carry
+        chunk = jax.lax.dynamic_index_in_dim(w, k, axis=1, keepdims=False).astype(hidden.dtype)  # [C, H], whole rows
         # Pinned over the rows (and the tensor axis): contracted over the fsdp-split hidden dimension, GSPMD
         # otherwise keeps each chunk's logits whole on every chip (see `sharding.activation_sharding`).
-        z = shd.constrain(matmul("bth,hc->btc", hidden, chunk, jnp.float32), ("batch", "seq", "vocab")) / temperature
-        ids = column + k  # [C]
+        z = shd.constrain(matmul("bth,ch->btc", hidden, chunk, jnp.float32), ("batch", "seq", "vocab")) / temperature
         if padded != V:
-            z = jnp.where(ids < V, z, -jnp.inf)
+            z = jnp.where(column + k < V, z, -jnp.inf)
         m_new = jnp.maximum(m, z.max(axis=-1))
-        s = s * jnp.exp(m - m_new) + jnp.exp(z - m_new[..., None]).sum(axis=-1)
-        picked = picked + jnp.where(ids == targets[..., None], z, 0.0).sum(axis=-1)
-        return m_new, s, picked
+        return m_new, s * jnp.exp(m - m_new) + jnp.exp(z - m_new[..., None]).sum(axis=-1)
 
-    init = (jnp.full((B, T), -jnp.inf, jnp.float32), jnp.zeros((B, T), jnp.float32), jnp.zeros((B, T), jnp.float32))
+    init = (jnp.full((B, T), -jnp.inf, jnp.float32), jnp.zeros((B, T), jnp.float32))
     # Checkpointed body: the backward pass recomputes each chunk's [B, T, C] logits instead of storing them
     # all (about 0.4 MB per token in float32 for a 49k vocabulary), which dominated the update's memory.
-    m, s, picked = jax.lax.fori_loop(0, n_chunks, jax.checkpoint(body), init)
-    return picked - (m + jnp.log(s))
+    m, s = jax.lax.fori_loop(0, n_chunks, jax.checkpoint(body), init)
+    return target_logits(hidden, w, targets, temperature) - (m + jnp.log(s))
+
+
+def fold_temperature(hidden: jax.Array, temperature: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(hidden, temperature) for logits hidden @ w / temperature: a float32 hidden is divided before the product
+    ([B, T, H] divisions instead of [B, T, V], one rounding of the quotient either way), and the temperature left
+    to divide by is 1; a low-precision hidden keeps its bits (dividing it would round the quotient to bf16)."""
+    if hidden.dtype != jnp.float32:
+        return hidden, temperature
+    return hidden / temperature, jnp.float32(1.0)
+
+
+def target_logits(hidden: jax.Array, w: jax.Array, targets: jax.Array, temperature: jax.Array) -> jax.Array:
+    """The targets' logits hidden[b, t] . head[:, targets[b, t]] / temperature, float32 [B, T], read from the
+    `strided_chunks` rows w [C, n, H] (vocab id c n + k is w[c, k]): one [B, T, H] row gather instead of a
+    select over every chunk's [B, T, C] logits (the same dot product, summed in another order)."""
+    n_chunks = w.shape[1]
+    rows = w[targets // n_chunks, targets % n_chunks].astype(hidden.dtype)  # [B, T, H]
+    # products in float32 (exact for bf16 operands) summed as a reduction: not a dot, so no GEMM over [B, T]
+    # batches of single rows and no float32 x bf16 product in the backward
+    return (hidden.astype(jnp.float32) * rows.astype(jnp.float32)).sum(axis=-1) / temperature
 
 
 def _log_softmax_at(z: jax.Array, targets: jax.Array) -> jax.Array:
@@ -130,14 +148,17 @@ def vocab_chunks(tokens: int, vocab: int, vocab_chunk: int | None = None) -> int
 
 
 def strided_chunks(lm_head: jax.Array, n_chunks: int) -> tuple[jax.Array, jax.Array]:
-    """lm_head [H, V] as n_chunks strided chunks, w [H, C, n_chunks] (vocab id of w[:, c, k] is c n_chunks + k,
-    so chunk k is one slice of the last axis), and column [C] = c n_chunks (chunk k's ids are column + k).
-    Zero columns pad V up to C n_chunks: their ids are >= V, which the caller masks."""
+    """lm_head [H, V] as n_chunks strided chunks of its rows (the head transposed), w [C, n_chunks, H] (vocab id
+    of w[c, k] is c n_chunks + k, so chunk k is w[:, k], C whole rows), and column [C] = c n_chunks (chunk k's ids
+    are column + k). Zero rows pad V up to C n_chunks: their ids are >= V, which the caller masks. A tied head is
+    the embedding transposed, so its rows are the table as stored: no copy, and each chunk a gather of
+    contiguous rows (columns of [H, V] would be a gather of single floats, n_chunks apart)."""
     H, V = lm_head.shape
     width = math.ceil(V / n_chunks)
+    rows = jnp.transpose(lm_head)
     if width * n_chunks != V:
-        lm_head = jnp.pad(lm_head, ((0, 0), (0, width * n_chunks - V)))
-    return lm_head.reshape(H, width, n_chunks), jnp.arange(width, dtype=jnp.int32) * n_chunks
+        rows = jnp.pad(rows, ((0, width * n_chunks - V), (0, 0)))
+    return rows.reshape(width, n_chunks, H), jnp.arange(width, dtype=jnp.int32) * n_chunks
 
 
 def head_kernel_fits(hidden: jax.Array) -> bool:

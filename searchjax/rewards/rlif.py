@@ -105,26 +105,23 @@ def head_statistics(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
         picked = jnp.take_along_axis(z, targets[..., None], axis=-1)[..., 0]
         return picked - lse, lse - z.mean(axis=-1) - log_v
     w, column = scoring.strided_chunks(lm_head, n_chunks)
+    hidden, temperature = scoring.fold_temperature(hidden, temperature)
 
     def body(k, carry):
-        m, s, picked, total = carry
-        chunk = jax.lax.dynamic_index_in_dim(w, k, axis=2, keepdims=False).astype(hidden.dtype)
-        z = matmul("bth,hc->btc", hidden, chunk, jnp.float32) / temperature
-        ids = column + k
-        real = ids < V
-        z_max = jnp.where(real, z, -jnp.inf)
-        m_new = jnp.maximum(m, z_max.max(axis=-1))
-        s = s * jnp.exp(m - m_new) + jnp.exp(z_max - m_new[..., None]).sum(axis=-1)
-        picked = picked + jnp.where(ids == targets[..., None], z, 0.0).sum(axis=-1)
-        total = total + jnp.where(real, z, 0.0).sum(axis=-1)
-        return m_new, s, picked, total
+        m, s, total = carry
+        chunk = jax.lax.dynamic_index_in_dim(w, k, axis=1, keepdims=False).astype(hidden.dtype)  # [C, H]
+        z = matmul("bth,ch->btc", hidden, chunk, jnp.float32) / temperature
+        total = total + z.sum(axis=-1)  # the zero rows padding V add logits of exactly 0
+        if w.shape[0] * n_chunks != V:
+            z = jnp.where(column + k < V, z, -jnp.inf)
+        m_new = jnp.maximum(m, z.max(axis=-1))
+        return m_new, s * jnp.exp(m - m_new) + jnp.exp(z - m_new[..., None]).sum(axis=-1), total
 
     B, T = targets.shape
     zeros = jnp.zeros((B, T), jnp.float32)
-    m, s, picked, total = jax.lax.fori_loop(0, n_chunks, body, (jnp.full((B, T), -jnp.inf, jnp.float32),
-                                                                 zeros, zeros, zeros))
+    m, s, total = jax.lax.fori_loop(0, n_chunks, body, (jnp.full((B, T), -jnp.inf, jnp.float32), zeros, zeros))
     lse = m + jnp.log(s)
-    return picked - lse, lse - total / V - log_v
+    return scoring.target_logits(hidden, w, targets, temperature) - lse, lse - total / V - log_v
 
 
 def tail_logprobs_and_self_certainty(model, params, input_ids: jax.Array, attention_mask: jax.Array,

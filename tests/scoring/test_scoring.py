@@ -5,11 +5,13 @@ ours are computed on left-padded, bucketed batches. Agreement is asserted within
 log-probabilities) whatever the padding, the bucket and the vocabulary chunking.
 """
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from searchjax.scoring import (SINGLE_PASS_LOGITS_BYTES, VOCAB_CHUNK, answer_loglik, answer_logliks, format_prompt,
-                               pow2_bucket, strided_chunks, target_logprobs, token_logprobs, vocab_chunks)
+                               pow2_bucket, strided_chunks, target_logits, target_logprobs, token_logprobs,
+                               vocab_chunks)
 
 TOL = 1e-5
 
@@ -107,10 +109,16 @@ def test_vocab_chunks_and_their_strided_columns():
     assert [vocab_chunks(1, 1001, c) for c in (1001, 100, 91, 2000)] == [1, 11, 11, 1]
     head = np.arange(2 * 10, dtype=np.float32).reshape(2, 10) + 1  # column j holds j + 1 (row 0), j + 11 (row 1)
     w, column = strided_chunks(head, 3)
-    assert w.shape == (2, 4, 3) and column.tolist() == [0, 3, 6, 9]
+    assert w.shape == (4, 3, 2) and column.tolist() == [0, 3, 6, 9]
     for k, ids in enumerate(([0, 3, 6, 9], [1, 4, 7], [2, 5, 8])):
-        np.testing.assert_array_equal(np.asarray(w[0, :, k]), [i + 1 for i in ids] + [0] * (4 - len(ids)))
-        np.testing.assert_array_equal(np.asarray(w[1, :, k]), [i + 11 for i in ids] + [0] * (4 - len(ids)))
+        np.testing.assert_array_equal(np.asarray(w[:, k, 0]), [i + 1 for i in ids] + [0] * (4 - len(ids)))
+        np.testing.assert_array_equal(np.asarray(w[:, k, 1]), [i + 11 for i in ids] + [0] * (4 - len(ids)))
+    # the targets' logits read from the chunks' rows: hidden . head[:, target] / temperature, by hand
+    hidden = np.array([[[1.0, -2.0], [0.5, 3.0], [2.0, 1.0]]], np.float32)  # [1, 3, 2]
+    targets = np.array([[9, 0, 5]], np.int32)
+    want = [[(10 - 2 * 20) / 2, (0.5 * 1 + 3 * 11) / 2, (2 * 6 + 16) / 2]]
+    np.testing.assert_array_equal(np.asarray(target_logits(jnp.asarray(hidden), w, jnp.asarray(targets),
+                                                           jnp.float32(2.0))), want)
 
 
 def test_bad_inputs_raise_clearly(tiny_model):
