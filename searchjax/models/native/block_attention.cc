@@ -8,10 +8,11 @@
 // probabilities and streaming them through memory several times; in a Search-R1 rollout these appends were a
 // quarter of the time. Here (FlashAttention's online softmax, Dao et al. 2022) one task takes a (row, kv head,
 // tile of TT tokens) with its G query heads, R = G TT query rows, and walks the keys in blocks of KB slots:
-//   logits  L[j, r] = q_r . k_j for the block, in a [KB, R] tile (rows vectorised: 3 row vectors x 4 slots
-//           of accumulators, a key element broadcast per FMA group), masked, the running max m_r updated;
+//   logits  L[j, r] = q_r . k_j for the block, in a [KB, R] tile (rows vectorised: 4 row vectors of 16 lanes
+//           x 4 slots of accumulators with AVX-512, 3 of 8 lanes with AVX2, a key element broadcast per FMA
+//           group), masked, the running max m_r updated;
 //   softmax p = exp(L - m), the running sum l_r and the accumulator rescaled by exp(m_old - m_new);
-//   values  acc[d, r] += sum_j p[j, r] v_j[d] (3 row vectors x 4 columns of accumulators),
+//   values  acc[d, r] += sum_j p[j, r] v_j[d] (the same row vectors x 4 columns of accumulators),
 // so nothing of size T x S ever exists and each key and value row is read from memory once per tile.
 // A bf16 cache on a CPU with AVX-512 BF16 runs both products with vdpbf16ps instead (`dot_bf16` below): two
 // bf16 products summed into each f32 lane per instruction, twice the f32 FMA's work, as XLA's own bf16 GEMMs
@@ -112,7 +113,18 @@ void online_softmax(const Rows& t, int64_t J, const Emit& emit) {
   }
 }
 
-// ---- the f32-FMA form: any cache type, 8-lane vectors ----
+// ---- the f32-FMA form: any cache type; vectors V of 16 lanes where the build has AVX-512, else 8 ----
+// AVX-512's width and its 32 registers (a 4 x 4 tile of accumulators) against AVX2's 8 lanes and 16 registers
+// (3 x 4): on a 2-core Xeon with AVX-512 and AMX (2026-12-06), 30 f32 attentions of SmolLM2 scoring 8 x 256
+// tokens took 186-207 ms in 16 lanes against 226-247 ms in 8 (the same bits: each lane's arithmetic is one row's).
+#if defined(__AVX512F__)
+typedef v16f FmaVector;
+constexpr int FMA_ROW_VECTORS = 4;  // 4 row vectors x 4 slots of accumulators + 4 row vectors + 1 broadcast
+#else
+typedef v8f FmaVector;
+constexpr int FMA_ROW_VECTORS = 3;  // 3 x 4 accumulators + 3 row vectors + 1 broadcast: AVX2's 16 registers
+#endif
+constexpr int64_t FMA_LANES = sizeof(FmaVector) / sizeof(float);
 
 template <typename T>  // the cache's element: float, or uint16_t for bf16 (its bits)
 struct Task {
@@ -123,50 +135,52 @@ struct Task {
   float* qt;            // [D, R] the tile's queries, scaled, rows r = g TT + t
 };
 
-// logits[j0 + j, r0:r0+8RV] for slots s0 + j0 .. s0 + j0 + 3 (J = 4 columns of accumulators).
+// logits[j0 + j, r0:r0+lanes RV] for slots s0 + j0 .. s0 + j0 + 3 (J = 4 columns of accumulators).
 template <int RV, typename T>
 inline void logits_tile(const Task<T>& t, int64_t s0, int64_t j0, int64_t r0) {
+  typedef FmaVector V;
   const int64_t R = t.rows.R;
-  v8f a[RV][4] = {};
+  V a[RV][4] = {};
   const T* kj[4];
   for (int j = 0; j < 4; ++j) kj[j] = t.k + (s0 + j0 + j) * t.KD;
   for (int64_t d = 0; d < t.rows.D; ++d) {
-    v8f q[RV];
+    V q[RV];
     for (int i = 0; i < RV; ++i) {
-      q[i] = load8(t.qt + d * R + r0 + 8 * i);
+      q[i] = load_lanes<V>(t.qt + d * R + r0 + FMA_LANES * i);
       keep_in_register(q[i]);
     }
     for (int j = 0; j < 4; ++j) {
-      const v8f kv = splat(load1(kj[j] + d));
+      const V kv = V{} + load1(kj[j] + d);
       for (int i = 0; i < RV; ++i) a[i][j] += q[i] * kv;
     }
   }
   for (int j = 0; j < 4; ++j)
-    for (int i = 0; i < RV; ++i) store8(t.rows.logits + (j0 + j) * R + r0 + 8 * i, a[i][j]);
+    for (int i = 0; i < RV; ++i) store_lanes(t.rows.logits + (j0 + j) * R + r0 + FMA_LANES * i, a[i][j]);
 }
 
-// acc[d0:d0+4, r0:r0+8RV] += sum_j p[j, r] v_j[d] over the block's J slots.
+// acc[d0:d0+4, r0:r0+lanes RV] += sum_j p[j, r] v_j[d] over the block's J slots.
 template <int RV, typename T>
 inline void values_tile(const Task<T>& t, int64_t s0, int64_t J, int64_t d0, int64_t r0) {
+  typedef FmaVector V;
   const int64_t R = t.rows.R;
   float* acc = t.rows.acc;
-  v8f a[RV][4];
+  V a[RV][4];
   for (int i = 0; i < RV; ++i)
-    for (int c = 0; c < 4; ++c) a[i][c] = load8(acc + (d0 + c) * R + r0 + 8 * i);
+    for (int c = 0; c < 4; ++c) a[i][c] = load_lanes<V>(acc + (d0 + c) * R + r0 + FMA_LANES * i);
   for (int64_t j = 0; j < J; ++j) {
-    v8f p[RV];
+    V p[RV];
     for (int i = 0; i < RV; ++i) {
-      p[i] = load8(t.rows.logits + j * R + r0 + 8 * i);
+      p[i] = load_lanes<V>(t.rows.logits + j * R + r0 + FMA_LANES * i);
       keep_in_register(p[i]);
     }
     const T* vj = t.v + (s0 + j) * t.KD + d0;
     for (int c = 0; c < 4; ++c) {
-      const v8f vv = splat(load1(vj + c));
+      const V vv = V{} + load1(vj + c);
       for (int i = 0; i < RV; ++i) a[i][c] += p[i] * vv;
     }
   }
   for (int i = 0; i < RV; ++i)
-    for (int c = 0; c < 4; ++c) store8(acc + (d0 + c) * R + r0 + 8 * i, a[i][c]);
+    for (int c = 0; c < 4; ++c) store_lanes(acc + (d0 + c) * R + r0 + FMA_LANES * i, a[i][c]);
 }
 
 // Row vectors of `width` lanes in groups of `most` (the register tile), then the remainder; R a multiple of the
@@ -183,17 +197,20 @@ inline void over_rows(int64_t R, int64_t width, const Tile& tile) {
 
 template <typename T>
 void key_block(Task<T>& t, int64_t s0, int64_t J, bool round_p) {  // J <= KB slots from s0, a multiple of 4
-  // 3 row vectors x 4 slots of accumulators + 3 row vectors + 1 broadcast: AVX2's 16 registers
   for (int64_t j0 = 0; j0 < J; j0 += 4)
-    over_rows<3>(t.rows.R, 8, [&](auto rv, int64_t r0) { logits_tile<decltype(rv)::value, T>(t, s0, j0, r0); });
+    over_rows<FMA_ROW_VECTORS>(t.rows.R, FMA_LANES, [&](auto rv, int64_t r0) {
+      logits_tile<decltype(rv)::value, T>(t, s0, j0, r0);
+    });
   if (needs_mask(t.rows, s0, J)) mask_logits(t.rows, s0, J);
-  online_softmax<v8f>(t.rows, J, [&](int64_t jp, int64_t r, v8f p0, v8f p1) {  // over the logits they came from
+  online_softmax<FmaVector>(t.rows, J, [&](int64_t jp, int64_t r, FmaVector p0, FmaVector p1) {  // in place
     float* at = t.rows.logits + 2 * jp * t.rows.R + r;
-    store8(at, round_p ? round_bf16(p0) : p0);
-    store8(at + t.rows.R, round_p ? round_bf16(p1) : p1);
+    store_lanes(at, round_p ? round_bf16(p0) : p0);
+    store_lanes(at + t.rows.R, round_p ? round_bf16(p1) : p1);
   });
   for (int64_t d0 = 0; d0 < t.rows.D; d0 += 4)
-    over_rows<3>(t.rows.R, 8, [&](auto rv, int64_t r0) { values_tile<decltype(rv)::value, T>(t, s0, J, d0, r0); });
+    over_rows<FMA_ROW_VECTORS>(t.rows.R, FMA_LANES, [&](auto rv, int64_t r0) {
+      values_tile<decltype(rv)::value, T>(t, s0, J, d0, r0);
+    });
 }
 
 #if defined(__AVX512BF16__)
@@ -366,7 +383,8 @@ void run(ffi::ThreadPool& pool, const float* qp, const T* kp, const T* vp, const
 #endif
   parallel_tasks(pool, B * K * tiles, [&](int64_t task) {
     const int64_t b = task / (K * tiles), h = (task / tiles) % K, t0 = (task % tiles) * TT;
-    const int64_t tokens = std::min(TT, T_ - t0), R = dot ? (G * tokens + 15) / 16 * 16 : G * tokens;
+    const int64_t tokens = std::min(TT, T_ - t0), width = dot ? 16 : FMA_LANES;
+    const int64_t R = (G * tokens + width - 1) / width * width;  // zero query rows pad R to whole vectors
     thread_local std::vector<float> buffer;
     // acc [D, R], logits [KB, R], m, l [R], then the queries: [D, R] f32 or [D / 2, R] pairs, the dot form's
     // probability and value pairs, the AMX form's transposed value pairs and padded key rows

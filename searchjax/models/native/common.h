@@ -50,9 +50,12 @@ typedef float v16f __attribute__((vector_size(64)));  // AVX-512's 16 floats
 inline float load1(const float* p) { return *p; }
 inline float load1(const uint16_t* p) { const uint32_t u = uint32_t(*p) << 16; float f; std::memcpy(&f, &u, sizeof f); return f; }
 
-// Round to the nearest bf16, ties to even (the finite values a softmax gives; no NaN handling needed).
-inline v8f round_bf16(v8f x) {
-  v8u u; std::memcpy(&u, &x, sizeof u);
+// Round to the nearest bf16, ties to even (the finite values a softmax gives; no NaN handling needed), for vectors
+// of any width (v8f, v16f).
+template <typename V>
+inline V round_bf16(V x) {
+  typedef uint32_t U __attribute__((vector_size(sizeof(V))));
+  U u; std::memcpy(&u, &x, sizeof u);
   u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
   std::memcpy(&x, &u, sizeof x); return x;
 }
@@ -96,6 +99,9 @@ inline void keep_in_register(v8f& v) {
   asm("" : "+x"(v));
 #endif
 }
+#if defined(__AVX512F__)
+inline void keep_in_register(v16f& v) { asm("" : "+v"(v)); }  // "v": any of AVX-512's 32 vector registers
+#endif
 
 // Tasks claimed from a shared counter by the calling thread and by helpers on XLA's pool. The caller waits
 // only for helpers that started before it ran out of tasks (a helper that starts later finds the pass closed
