@@ -269,8 +269,11 @@ class Attention(nn.Module):
         else:
             out = jax.nn.dot_product_attention(q, k, v, mask=attn_mask, scale=D ** -0.5,
                                                implementation=cfg.attention_impl)
-        out = Projection("btnd,ndh->bth", (N, D, H), ("q_heads", "head_dim", "embed"), dtype=dt, param_dtype=pdt,
-                         name="o_proj")(out)
+        w_o = Kernel((N, D, H), ("q_heads", "head_dim", "embed"), pdt, name="o_proj")()
+        # one product over the N D columns in their stored order (torch's): as the einsum "btnd,ndh->bth", XLA:CPU
+        # copied both the attention output and the weight to (d, n) order first, every layer
+        B, T = out.shape[:2]
+        out = matmul("btk,kh->bth", out.reshape(B, T, N * D).astype(dt), w_o.reshape(N * D, H).astype(dt))
         return out, new_cache
 
 
