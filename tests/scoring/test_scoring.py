@@ -96,6 +96,18 @@ def test_target_logprobs_chunked_equals_dense():
     for chunk in (1001, 100, 91, 64):
         got = np.asarray(target_logprobs(hidden, head, targets, vocab_chunk=chunk))
         np.testing.assert_allclose(got, dense, atol=2e-5, rtol=0)
+    # and their gradients, at a temperature (the chunks' checkpointed backward, the targets' logits read from rows)
+    weights = jnp.asarray(rng.standard_normal((2, 5)), jnp.float32)
+
+    def dense_loss(h, w):
+        logp = jax.nn.log_softmax(h @ w / 0.7, -1)
+        return (jnp.take_along_axis(logp, targets[..., None], -1)[..., 0] * weights).sum()
+    want = jax.grad(dense_loss, argnums=(0, 1))(hidden, head)
+    for chunk in (100, 91):
+        got = jax.grad(lambda h, w: (target_logprobs(h, w, targets, temperature=0.7, vocab_chunk=chunk)
+                                     * weights).sum(), argnums=(0, 1))(hidden, head)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=2e-5, rtol=0)
 
 
 def test_vocab_chunks_and_their_strided_columns():
