@@ -86,9 +86,10 @@ def head_statistics(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
 
     hidden [B, T, H]; lm_head [H, V]; targets [B, T]. One pass over the head, in `scoring.target_logprobs`' pieces
     (`scoring.vocab_chunks`: one piece when the float32 logits are small enough, else strided vocabulary chunks,
-    chunk k = ids k, k + n, ...) carrying (max m, sum exp s, picked logit, sum of logits): log Z = m + log s,
-    mean z = sum / V. A bf16 head on one CPU with AMX runs the same statistics in `native.head_logprobs`
-    (`scoring.target_logprobs`' rule; not differentiated: this is the old-policy pass).
+    chunk k = ids k, k + n, ...) carrying (max m, sum exp s, sum of logits): log Z = m + log s, mean z = sum / V;
+    the targets' logits are read once from the head's rows (`scoring.target_logits`). A bf16 head on one CPU with
+    AMX runs the same statistics in `native.head_logprobs` (`scoring.target_logprobs`' rule; not differentiated:
+    this is the old-policy pass).
     """
     V = lm_head.shape[1]
     temperature = jnp.asarray(temperature, jnp.float32)
