@@ -75,8 +75,8 @@ def target_logprobs(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
     when the whole [B, T, V] float32 logits take at most SINGLE_PASS_LOGITS_BYTES (the chunk loop's
     slicing and recomputation cost about a quarter of the head's time on CPU, which only pays off in
     memory), else chunks of VOCAB_CHUNK columns; an int forces chunks of that width. A bf16 head on one CPU with
-    AMX (vocab_chunk None, no activation sharding) runs the CPU kernel `native.head_logprobs` instead, which never
-    writes the logits (`_kernel_target_logprobs`).
+    AMX or AVX-512 BF16 (vocab_chunk None, no activation sharding) runs the CPU kernel `native.head_logprobs`
+    instead, which never writes the logits (`_kernel_target_logprobs`).
     """
     V, tokens = lm_head.shape[1], math.prod(targets.shape)
     temperature = jnp.asarray(temperature, jnp.float32)

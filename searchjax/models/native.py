@@ -8,7 +8,7 @@ through XLA's FFI.
   window with an online softmax (`block_attention`; prefill, append and teacher-forced scoring use it on one CPU
   device through `block_attention_model`);
 * the LM head's log-probabilities (`native/head_logprobs.cc`): log softmax(x w^T / temperature)[target] without
-  the logits (`head_logprobs`; bf16 teacher-forced scoring and RLIF's statistics on a CPU with AMX,
+  the logits (`head_logprobs`; bf16 teacher-forced scoring and RLIF's statistics on a CPU with AMX or AVX-512 BF16,
   `scoring.target_logprobs`, `rlif.head_statistics`).
 
 They exist because XLA:CPU's code for these shapes runs far below the host's memory bandwidth or FMA peak
@@ -26,7 +26,7 @@ the same thing (`tests/models/test_native.py` and `test_decode_attention.py` che
 On a CPU with AMX (Intel Sapphire Rapids and later) the bf16 products of the skinny matmul, of decode attention and
 of block attention run on AMX's tiles (TDPBF16PS) where their operands fit whole tiles, the rest through AVX-512
 BF16 as elsewhere (`amx_tiles`; native/amx.h); `SEARCHJAX_AMX=0` keeps them on AVX-512. The LM head's kernel is
-used only there (`head_logprobs_fits`).
+used where it has either (`head_logprobs_fits`).
 """
 
 from __future__ import annotations
@@ -196,24 +196,27 @@ def head_logprobs_target() -> Optional[str]:
 
 def head_logprobs_fits(x: jax.Array) -> bool:
     """Whether `head_logprobs` is the fast form for hidden rows x [..., H] (and the head cast to x's dtype): x
-    bfloat16, H a multiple of 32, and the products on AMX's tiles here (`amx_tiles`; elsewhere the kernel's plain
-    loops are far slower than XLA's GEMM)."""
-    return x.dtype == jnp.bfloat16 and x.shape[-1] % 32 == 0 and amx_tiles() and head_logprobs_target() is not None
+    bfloat16, H a multiple of 32, and the products on AMX's tiles or by vdpbf16ps here (`amx_tiles`, `bf16_pairs`;
+    without them the kernel's plain loops are far slower than XLA's GEMM). SmolLM2's head at 8 x 256 tokens on a
+    2-core AMD EPYC with AVX-512 BF16 (2026-12-06): 294-296 ms by vdpbf16ps against 348-351 ms for XLA's chunks."""
+    return (x.dtype == jnp.bfloat16 and x.shape[-1] % 32 == 0 and (amx_tiles() or bf16_pairs())
+            and head_logprobs_target() is not None)
 
 
-def head_logprobs(x: jax.Array, w: jax.Array, targets: jax.Array, temperature, amx_tiles: bool = True):
+def head_logprobs(x: jax.Array, w: jax.Array, targets: jax.Array, temperature, amx_tiles: bool = True,
+                  dot_bf16: bool = True):
     """(logp, lse, total), each float32 shaped like targets, for hidden rows x [..., H] bf16 (targets [...] int) and
     the output embedding w [V, H] bf16: with z = x w^T / temperature accumulated in float32, lse = log sum_v exp z,
     logp = z[target] - lse and total = sum_v z, per row, without the logits (native/head_logprobs.cc: AMX's
-    tiles where the CPU has them and amx_tiles is True, plain loops otherwise, which the tests compare). A target
-    outside [0, V) gives -lse."""
+    tiles where the CPU has them and amx_tiles is True, else vdpbf16ps where the build has AVX-512 BF16 and dot_bf16
+    is True, else plain loops; the tests compare the three). A target outside [0, V) gives -lse."""
     if head_logprobs_target() is None:
         raise RuntimeError("head_logprobs: the kernel is off (SEARCHJAX_NATIVE=0) or could not be built here")
     M = targets.size
     out = jax.ShapeDtypeStruct((M,), jnp.float32)
     results = jax.ffi.ffi_call(HEAD_LOGPROBS_TARGET, (out, out, out))(
         x.reshape(M, x.shape[-1]).astype(jnp.bfloat16), w.astype(jnp.bfloat16), targets.reshape(M).astype(jnp.int32),
-        jnp.asarray(temperature, jnp.float32), amx_tiles=bool(amx_tiles))
+        jnp.asarray(temperature, jnp.float32), amx_tiles=bool(amx_tiles), dot_bf16=bool(dot_bf16))
     return tuple(r.reshape(targets.shape) for r in results)
 
 

@@ -88,13 +88,13 @@ def head_statistics(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, *
     (`scoring.vocab_chunks`: one piece when the float32 logits are small enough, else strided vocabulary chunks,
     chunk k = ids k, k + n, ...) carrying (max m, sum exp s, sum of logits): log Z = m + log s, mean z = sum / V;
     the targets' logits are read once from the head's rows (`scoring.target_logits`). A bf16 head on one CPU with
-    AMX runs the same statistics in `native.head_logprobs` (`scoring.target_logprobs`' rule; not differentiated:
-    this is the old-policy pass).
+    AMX or AVX-512 BF16 runs the same statistics in `native.head_logprobs` (`scoring.target_logprobs`' rule; not
+    differentiated: this is the old-policy pass).
     """
     V = lm_head.shape[1]
     temperature = jnp.asarray(temperature, jnp.float32)
     log_v = jnp.float32(math.log(V))
-    if vocab_chunk is None and scoring.head_kernel_fits(hidden):  # a bf16 head on one CPU with AMX
+    if vocab_chunk is None and scoring.head_kernel_fits(hidden):  # a bf16 head on one CPU (`native.head_logprobs_fits`)
         logp, lse, total = native.head_logprobs(hidden, jnp.transpose(lm_head.astype(hidden.dtype)), targets,
                                                 temperature)
         return logp, lse - total / V - log_v

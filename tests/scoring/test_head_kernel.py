@@ -1,8 +1,9 @@
-"""The LM head's log-probability kernel (`native.head_logprobs`, bf16 scoring on a CPU with AMX): against a float64
-numpy log-softmax, with AMX's tiles and with the kernel's plain loops (the two forms a host may run), at small
-shapes that reach every edge (a vocabulary off the 32-row block, tokens off the 32-token block, several token
-groups, the vocabulary split into parts) and at SmolLM2's real head; its hand-written VJP against autodiff of the
-plain log-softmax; `scoring.target_logprobs`' switch to it, and RLIF's statistics through it."""
+"""The LM head's log-probability kernel (`native.head_logprobs`, bf16 scoring on a CPU with AMX or AVX-512 BF16):
+against a float64 numpy log-softmax, in each of its forms a host may run (AMX's tiles, vdpbf16ps, plain loops; a
+form the host lacks runs the next one), at small shapes that reach every edge (a vocabulary off the 32-row block,
+tokens off the 32-token block, several token groups, the vocabulary split into parts) and at SmolLM2's real head;
+its hand-written VJP against autodiff of the plain log-softmax; `scoring.target_logprobs`' switch to it, and
+RLIF's statistics through it."""
 
 import jax
 import jax.numpy as jnp
@@ -14,9 +15,9 @@ from searchjax import sharding as shd
 from searchjax.models import native
 from searchjax.rewards import rlif
 
-# (M, H, V): one token; tokens and vocabulary off their 32-blocks; two 256-token groups (the vocabulary whole per
-# task); few tokens (the vocabulary in parts, merged)
-SHAPES = [(1, 64, 70), (37, 96, 1003), (300, 64, 512), (64, 32, 4096)]
+# (M, H, V): one token (H off AMX's multiple of 32: vdpbf16ps there too); tokens and vocabulary off their
+# 32-blocks; two 256-token groups (the vocabulary whole per task); few tokens (the vocabulary in parts, merged)
+SHAPES = [(1, 40, 70), (37, 96, 1003), (300, 64, 512), (64, 32, 4096)]
 
 
 def _inputs(M, H, V, seed, scale=0.3):
@@ -44,13 +45,14 @@ def _bound(x, w, temperature):
     return 2 * worst + 1e-5
 
 
-@pytest.mark.parametrize("amx_tiles", [True, False])
+@pytest.mark.parametrize("amx_tiles, dot_bf16", [(True, True), (False, True), (False, False)])
 @pytest.mark.parametrize("M, H, V", SHAPES)
-def test_head_logprobs_equals_the_float64_log_softmax(M, H, V, amx_tiles):
+def test_head_logprobs_equals_the_float64_log_softmax(M, H, V, amx_tiles, dot_bf16):
     assert native.head_logprobs_target() == native.HEAD_LOGPROBS_TARGET  # built here: CI runs the kernel
     x, w, targets = _inputs(M, H, V, seed=M * V)
     temperature = 0.7
-    logp, lse, total = jax.jit(native.head_logprobs, static_argnums=4)(x, w, targets, temperature, amx_tiles)
+    logp, lse, total = jax.jit(native.head_logprobs, static_argnums=(4, 5))(x, w, targets, temperature, amx_tiles,
+                                                                         dot_bf16)
     want_logp, want_lse, want_total = _reference(x, w, targets, temperature, with_total=True)
     assert logp.shape == lse.shape == total.shape == (M,) and logp.dtype == jnp.float32
     bound = _bound(x, w, temperature)
@@ -106,12 +108,12 @@ def test_kernel_vjp_equals_autodiff_of_the_log_softmax(dense_backward):
 
 
 def test_target_logprobs_takes_the_kernel_where_it_fits():
-    """bf16 hidden with H a multiple of 32 on one CPU with AMX, vocab_chunk None: the kernel (the same values as
-    the chunked loop within their summation order); float32, another H, a forced chunk or activation sharding:
-    XLA's products."""
+    """bf16 hidden with H a multiple of 32 on one CPU with AMX or AVX-512 BF16, vocab_chunk None: the kernel (the
+    same values as the chunked loop within their summation order); float32, another H, a forced chunk or
+    activation sharding: XLA's products."""
     x, w, targets = _inputs(16, 64, 300, seed=5)
     hidden, head = x.reshape(2, 8, 64), jnp.transpose(w)
-    assert scoring.head_kernel_fits(hidden) == native.amx_tiles()
+    assert scoring.head_kernel_fits(hidden) == (native.amx_tiles() or native.bf16_pairs())
     assert not scoring.head_kernel_fits(hidden.astype(jnp.float32))
     assert not scoring.head_kernel_fits(hidden[..., :48])
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))

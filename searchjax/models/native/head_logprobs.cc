@@ -4,7 +4,8 @@
 // (the last for RLIF's self-certainty, lse - total / V - log V),
 // by the online log-sum-exp over blocks of 32 vocabulary rows (per row m: M' = max(M, max_b z), S' = S e^(M - M')
 // + sum_b e^(z - M'), log-sum-exp = M + log S). Built and registered by searchjax/models/native.py
-// (`head_logprobs`); `scoring.target_logprobs` and `rlif.head_statistics` call it for bf16 heads on a CPU with AMX.
+// (`head_logprobs`); `scoring.target_logprobs` and `rlif.head_statistics` call it for bf16 heads on a CPU with AMX
+// or AVX-512 BF16.
 //
 // Why by hand: teacher-forced scoring of 8 x 256 tokens through SmolLM2's 49,152-column head is a 116-GFLOP
 // product whose f32 logits (400 MB) XLA:CPU writes and reads back in six vocabulary chunks for the log-softmax:
@@ -15,8 +16,10 @@
 // maximum and sum while it is in L1. A task takes up to GROUP tokens, so w streams from memory once per group
 // (8 times for 2,048 tokens: ~450 MB), and where there are fewer groups than twice the threads the vocabulary
 // is split into parts too, merged at the end as two online states are.
-// Without AMX the same blocks of logits come from plain f32 loops (what the tests run on such hosts; scoring
-// keeps XLA's product there).
+// Without AMX, on a CPU with AVX-512 BF16, the same blocks come from vdpbf16ps (`pair_block`): SmolLM2's head at
+// 8 x 256 tokens on a 2-core AMD EPYC (2026-12-06) took 294-296 ms against 348-351 ms for XLA's product and its
+// chunked log-softmax, ~84 % of the two cores' vdpbf16ps rate. Elsewhere they come from plain f32 loops (what the
+// tests run on such hosts; scoring keeps XLA's product there).
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -98,23 +101,57 @@ struct State {  // per token and vocabulary part
   std::vector<float> m, s, picked, total;
 };
 
+#if defined(__AVX512BF16__)
+// c [VB, TB] = w[0 .. VB) xp^T by vdpbf16ps (a CPU with AVX-512 BF16 and no AMX): 16 tokens a vector, their pairs
+// as AMX's B tiles take them (xp [H / 2][TB], below), each of 8 vocabulary rows' pair broadcast against both
+// vectors. An 8 x 2 tile of accumulators: per pair step 2 loads of xp and 8 broadcasts for 16 vdpbf16ps.
+inline void pair_block(const uint16_t* w, int64_t H, const uint32_t* xp, float* c) {
+  constexpr int ROWS = 8;
+  for (int64_t r0 = 0; r0 < VB; r0 += ROWS) {
+    __m512 acc[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const uint16_t* row = w + r0 * H;
+    for (int64_t kp = 0; kp < H / 2; ++kp) {
+      const __m512bh b0 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(xp + kp * TB));
+      const __m512bh b1 = reinterpret_cast<__m512bh>(_mm512_loadu_si512(xp + kp * TB + 16));
+      for (int r = 0; r < ROWS; ++r) {
+        uint32_t pair;
+        std::memcpy(&pair, row + r * H + 2 * kp, 4);
+        const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi32(int32_t(pair)));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, b0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, b1);
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) {
+      _mm512_storeu_ps(c + (r0 + r) * TB, acc[r][0]);
+      _mm512_storeu_ps(c + (r0 + r) * TB + 16, acc[r][1]);
+    }
+  }
+}
+#endif
+
+// The products' forms: AMX's tiles, vdpbf16ps (`pair_block`), plain f32 loops.
+enum class Form { tiles, pairs, plain };
+
 // Every block of logits of tokens [t0, t0 + tokens) against vocabulary rows [p0, p1) (multiples of VB but for
 // the last): on_block(c, rows, v0, b, n) with c [VB, TB] the logits of rows v0 .. v0 + rows and tokens
 // t0 + b TB .. + n (f32, unscaled).
 template <typename OnBlock>
 void each_block(const uint16_t* x, const uint16_t* w, int64_t H, int64_t t0, int64_t tokens, int64_t p0, int64_t p1,
-                bool amx, const OnBlock& on_block) {
+                Form form, const OnBlock& on_block) {
   const int64_t blocks = (tokens + TB - 1) / TB;
   alignas(64) float c[VB * TB];
-#if defined(SEARCHJAX_AMX)
-  if (amx) {
+#if defined(__AVX512BF16__)
+  if (form != Form::plain) {
     // x's tokens in row pairs, [block][H / 2][TB] (uint32: x[t, 2k] | x[t, 2k + 1] << 16), zero past the end
     std::vector<uint32_t> xp(blocks * (H / 2) * TB, 0u);
     for (int64_t i = 0; i < tokens; ++i)
       for (int64_t kp = 0; kp < H / 2; ++kp)
         std::memcpy(&xp[((i / TB) * (H / 2) + kp) * TB + i % TB], x + (t0 + i) * H + 2 * kp, 4);
     std::vector<uint16_t> tail;  // the last rows of w when they end off a block of VB, zero-padded to VB
-    TileScope scope(tile_config(16, 0));
+#if defined(SEARCHJAX_AMX)
+    std::unique_ptr<TileScope> scope(form == Form::tiles ? new TileScope(tile_config(16, 0)) : nullptr);
+#endif
     for (int64_t v0 = p0; v0 < p1; v0 += VB) {
       const int64_t rows = std::min(VB, p1 - v0);
       const uint16_t* a = w + v0 * H;
@@ -124,7 +161,13 @@ void each_block(const uint16_t* x, const uint16_t* w, int64_t H, int64_t t0, int
         a = tail.data();
       }
       for (int64_t b = 0; b < blocks; ++b) {
-        tile_block<2, 2>(a, H, xp.data() + b * (H / 2) * TB, TB, c, TB, H / 32, false);
+        const uint32_t* xb = xp.data() + b * (H / 2) * TB;
+#if defined(SEARCHJAX_AMX)
+        if (form == Form::tiles) tile_block<2, 2>(a, H, xb, TB, c, TB, H / 32, false);
+        else pair_block(a, H, xb, c);
+#else
+        pair_block(a, H, xb, c);
+#endif
         on_block(c, rows, v0, b, std::min(TB, tokens - b * TB));
       }
     }
@@ -164,16 +207,21 @@ void each_task(ffi::ThreadPool& pool, const Split& at, int64_t M, int64_t V, con
   });
 }
 
-bool use_amx(bool amx_tiles, int64_t H) {
+// AMX's tiles where the build has them, Linux permits them and amx_tiles asks; else vdpbf16ps where the build has
+// AVX-512 BF16 and dot_bf16 asks; else plain loops. Both pair forms take H in whole pairs.
+Form form_for(bool amx_tiles, bool dot_bf16, int64_t H) {
 #if defined(SEARCHJAX_AMX)
-  return amx_tiles && H % 32 == 0 && amx_permitted();
-#else
-  return false;
+  if (amx_tiles && H % 32 == 0 && amx_permitted()) return Form::tiles;
 #endif
+#if defined(__AVX512BF16__)
+  if (dot_bf16 && H % 2 == 0) return Form::pairs;
+#endif
+  return Form::plain;
 }
 
 ffi::Error head_logprobs(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer w, ffi::Buffer<ffi::S32> targets,
-                         ffi::Buffer<ffi::F32> temperature, bool amx_tiles, ffi::ResultBuffer<ffi::F32> logp,
+                         ffi::Buffer<ffi::F32> temperature, bool amx_tiles, bool dot_bf16,
+                         ffi::ResultBuffer<ffi::F32> logp,
                          ffi::ResultBuffer<ffi::F32> lse, ffi::ResultBuffer<ffi::F32> total) {
   const auto xd = x.dimensions(), wd = w.dimensions();
   const auto is16 = [](ffi::DataType t) { return t == ffi::DataType::BF16 || t == ffi::DataType::U16; };
@@ -187,7 +235,7 @@ ffi::Error head_logprobs(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer 
   const auto* wp = static_cast<const uint16_t*>(w.untyped_data());
   const int32_t* tp = targets.typed_data();
   const float inv_t = 1.f / temperature.typed_data()[0];
-  const bool amx = use_amx(amx_tiles, H);
+  const Form form = form_for(amx_tiles, dot_bf16, H);
   const int64_t padded = (M + TB - 1) / TB * TB;  // a last block's columns past M fold too (and are dropped)
   const Split at = split(pool, M, V);
   std::vector<State> states(at.parts);
@@ -199,7 +247,8 @@ ffi::Error head_logprobs(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::AnyBuffer 
   }
   each_task(pool, at, M, V, [&](int64_t t0, int64_t tokens, int64_t p0, int64_t p1, int64_t part) {
     State& st = states[part];
-    each_block(xp, wp, H, t0, tokens, p0, p1, amx, [&](const float* c, int64_t rows, int64_t v0, int64_t b, int64_t n) {
+    each_block(xp, wp, H, t0, tokens, p0, p1, form, [&](const float* c, int64_t rows, int64_t v0, int64_t b,
+                                                        int64_t n) {
       const int64_t at = t0 + b * TB;
       fold(c, rows, v0, tp + at, n, inv_t, st.m.data() + at, st.s.data() + at, st.picked.data() + at,
            st.total.data() + at);
@@ -236,6 +285,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SearchjaxHeadLogprobs, head_logprobs,
                                   .Arg<ffi::Buffer<ffi::S32>>()  // targets [M]
                                   .Arg<ffi::Buffer<ffi::F32>>()  // temperature []
                                   .Attr<bool>("amx_tiles")
+                                  .Attr<bool>("dot_bf16")
                                   .Ret<ffi::Buffer<ffi::F32>>()  // logp [M]
                                   .Ret<ffi::Buffer<ffi::F32>>()  // lse [M]
                                   .Ret<ffi::Buffer<ffi::F32>>());  // total [M]
