@@ -196,10 +196,11 @@ def head_logprobs_target() -> Optional[str]:
 
 def head_logprobs_fits(x: jax.Array) -> bool:
     """Whether `head_logprobs` is the fast form for hidden rows x [..., H] (and the head cast to x's dtype): x
-    bfloat16, H a multiple of 32, and the products on AMX's tiles or by vdpbf16ps here (`amx_tiles`, `bf16_pairs`;
-    without them the kernel's plain loops are far slower than XLA's GEMM). SmolLM2's head at 8 x 256 tokens on a
-    2-core AMD EPYC with AVX-512 BF16 (2026-12-06): 294-296 ms by vdpbf16ps against 348-351 ms for XLA's chunks."""
-    return (x.dtype == jnp.bfloat16 and x.shape[-1] % 32 == 0 and (amx_tiles() or bf16_pairs())
+    bfloat16, H a multiple of 32, and the products on AMX's tiles or by vdpbf16ps here (`bf16_pairs`, which every
+    build with `amx_tiles` has; without them the kernel's plain loops are far slower than XLA's GEMM). SmolLM2's
+    head at 8 x 256 tokens on a 2-core AMD EPYC with AVX-512 BF16 (2026-12-06): 294-296 ms by vdpbf16ps against
+    348-351 ms for XLA's chunks."""
+    return (x.dtype == jnp.bfloat16 and x.shape[-1] % 32 == 0 and bf16_pairs()
             and head_logprobs_target() is not None)
 
 

@@ -22,6 +22,7 @@
 // tests run on such hosts; scoring keeps XLA's product there).
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "amx.h"
@@ -102,9 +103,9 @@ struct State {  // per token and vocabulary part
 };
 
 #if defined(__AVX512BF16__)
-// c [VB, TB] = w[0 .. VB) xp^T by vdpbf16ps (a CPU with AVX-512 BF16 and no AMX): 16 tokens a vector, their pairs
-// as AMX's B tiles take them (xp [H / 2][TB], below), each of 8 vocabulary rows' pair broadcast against both
-// vectors. An 8 x 2 tile of accumulators: per pair step 2 loads of xp and 8 broadcasts for 16 vdpbf16ps.
+// c [VB, TB] = w[0 .. VB) xp^T by vdpbf16ps (AVX-512 BF16, where AMX's tiles are not used): 16 tokens a vector,
+// their pairs as AMX's B tiles take them (xp [H / 2][TB], below), each of 8 vocabulary rows' pair broadcast against
+// both vectors. An 8 x 2 tile of accumulators: per pair step 2 loads of xp and 8 broadcasts for 16 vdpbf16ps.
 inline void pair_block(const uint16_t* w, int64_t H, const uint32_t* xp, float* c) {
   constexpr int ROWS = 8;
   for (int64_t r0 = 0; r0 < VB; r0 += ROWS) {
@@ -150,7 +151,8 @@ void each_block(const uint16_t* x, const uint16_t* w, int64_t H, int64_t t0, int
         std::memcpy(&xp[((i / TB) * (H / 2) + kp) * TB + i % TB], x + (t0 + i) * H + 2 * kp, 4);
     std::vector<uint16_t> tail;  // the last rows of w when they end off a block of VB, zero-padded to VB
 #if defined(SEARCHJAX_AMX)
-    std::unique_ptr<TileScope> scope(form == Form::tiles ? new TileScope(tile_config(16, 0)) : nullptr);
+    std::optional<TileScope> scope;
+    if (form == Form::tiles) scope.emplace(tile_config(16, 0));
 #endif
     for (int64_t v0 = p0; v0 < p1; v0 += VB) {
       const int64_t rows = std::min(VB, p1 - v0);
