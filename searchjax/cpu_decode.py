@@ -17,9 +17,10 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from searchjax.models import KVCache, lm_head_weight, native, transformer
-from searchjax.models.decode_attention import (WINDOW_BITS, block_values, decode_attention, from_key_window,
-                                               from_window, kernel_runs, key_window_dtype, pairs_values, to_key_window,
-                                               to_window, unblock_values, value_block)
+from searchjax.models.decode_attention import (KEY_BLOCK, KEY_PAIRS, WINDOW_BITS, block_values, decode_attention,
+                                               from_key_window, from_window, kernel_runs, key_slot, key_window_dtype,
+                                               key_window_part, pairs_values, to_key_window, to_window,
+                                               unblock_values, value_block)
 from searchjax.models.kernels import matmul, silu_times, swiglu, update_slice, update_slice_in_dim
 
 
@@ -96,17 +97,17 @@ def split_cache(cache: Optional[KVCache], window: int, dtype=None, value_block: 
     (keys slot-minor), v = L arrays [B, K, W, D] (copies, once per decode launch; with `value_block` CB,
     [B, K, D / CB, W, CB], the CPU kernel's layout: `window_layout`), in `dtype` (default: the cache's; a wider
     one holds the cache's values exactly, and `merge_cache` rounds nothing when it writes them back;
-    `WINDOW_BITS` holds a bf16 cache's bits: `to_window`, its keys as pairs of head dims where the kernels multiply
-    bf16 pairs: `decode_attention.KEY_PAIRS`, [B, K, D / 2, W], and then its values in slot pairs where CB is 16:
-    `decode_attention.pairs_values`, [B, K, D / 16, W / 2, 16, 2]). Per-layer buffers let each step's products read a
-    layer's window in place and write only the new slot into it (a slice of the stacked [L, ...] cache would be a
-    copy per layer and step); heads-major makes those products plain batched matmuls, and slot-minor keys make q k^T
-    a [G, D] x [D, W] product (`decode_attention`, "Layout")."""
+    `WINDOW_BITS` holds a bf16 cache's bits: `to_window`, its keys as pairs of head dims in blocks of 16 slots
+    where the kernels multiply bf16 pairs: `decode_attention.KEY_PAIRS`, [B, K, W / 16, D / 2, 16], and then its
+    values in slot pairs where CB is 16: `decode_attention.pairs_values`, [B, K, D / 16, W / 2, 16, 2]). Per-layer
+    buffers let each step's products read a layer's window in place and write only the new slot into it (a slice of
+    the stacked [L, ...] cache would be a copy per layer and step); heads-major makes those products plain batched
+    matmuls, and slot-minor keys make q k^T a [G, D] x [D, W] product (`decode_attention`, "Layout")."""
     if cache is None:
         return None
     count, dtype = cache.k.shape[0], cache.k.dtype if dtype is None else dtype
 
-    key_dtype = key_window_dtype(dtype, cache.k.shape[-1])
+    key_dtype = key_window_dtype(dtype, cache.k.shape[-1], window)
     pairs = pairs_values(key_dtype, value_block)
 
     def values(layer):  # [B, W, K, D] -> [B, K, W, D], [B, K, D / CB, W, CB] or in slot pairs
@@ -156,16 +157,17 @@ def merge_cache(full: Optional[KVCache], part: Optional[KVCache], written_from,
     if full is None:
         return None
     window = part.mask.shape[1]
-    block = min(block, window)
-
-    # from an even slot: a window's values in slot pairs are read a pair at a time (one more slot, already equal)
-    written_from = written_from // 2 * 2
+    # whole key blocks of a `KEY_PAIRS` window, whole slot pairs of values in pairs (`KEY_BLOCK` is even): from a
+    # slot that starts one, whole ones at a time (the slots before, already equal, are written again)
+    whole = KEY_BLOCK if part.k[0].dtype == KEY_PAIRS else 2
+    block = min(-(-block // whole) * whole, window)
+    written_from = written_from // whole * whole
 
     def write(j, kv):
         at = jnp.minimum(written_from + j * block, window - block)
         # one update of all layers' block, not one per layer: XLA:CPU copied the whole cache for each of those
-        k_new = jnp.stack([from_key_window(jax.lax.dynamic_slice_in_dim(layer, at, block, axis=3), full.k.dtype)
-                           .transpose(0, 3, 1, 2) for layer in part.k])
+        k_new = jnp.stack([from_key_window(key_window_part(layer, at, block), full.k.dtype).transpose(0, 3, 1, 2)
+                           for layer in part.k])
         v_new = jnp.stack([from_window(_value_slots(layer, at, block), full.v.dtype) for layer in part.v])
         return update_slice_in_dim(kv[0], k_new, at, axis=2), update_slice_in_dim(kv[1], v_new, at, axis=2)
 
@@ -185,9 +187,9 @@ def _value_slots(layer, at, block: int) -> jax.Array:
 
 
 def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, sin, native_attention, packed):
-    """One decoder layer for one token per row: x [B, 1, H], windows k [B, K, D, W] (or `KEY_PAIRS`' [B, K, D / 2,
-    W]), v [B, K, W, D] (or the kernel's [B, K, D / CB, W, CB]) -> (x, windows with slot `index` written). packed:
-    the weights are `layer_weights(..., pack=True)`'s, for the skinny-matmul kernel.
+    """One decoder layer for one token per row: x [B, 1, H], windows k [B, K, D, W] (or `KEY_PAIRS`' [B, K, W / 16,
+    D / 2, 16]), v [B, K, W, D] (or the kernel's [B, K, D / CB, W, CB]) -> (x, windows with slot `index` written).
+    packed: the weights are `layer_weights(..., pack=True)`'s, for the skinny-matmul kernel.
 
     The same maths as `transformer.DecoderLayer` over a cache (projections through `kernels.matmul` with the
     same casts, RMSNorm via the model's module, RoPE, SwiGLU), but attention is `decode_attention` over the
@@ -217,14 +219,14 @@ def _decode_layer(config, weights, x, k_window, v_window, visible, index, cos, s
     # as stored in the cache (which holds the compute dtype, `init_cache`'s default); written in the window's form
     k, v = k.astype(dt), v.astype(dt)
     out = decode_attention(q[:, 0], k[:, 0], v[:, 0], k_window, v_window, visible, D ** -0.5, native_attention)
-    k_slot, v = to_key_window(k.transpose(0, 2, 3, 1), k_window.dtype), to_window(v, v_window.dtype)
+    (k_slot, k_at), v = key_slot(k[:, 0], k_window.dtype, index), to_window(v, v_window.dtype)
     # Then write the slot, with values routed through the attention output (a select on `out > +inf`, false
     # for every number, NaN included: the values are k and v). That data dependency is what lets XLA write in
     # place: with none between the window's reads and the write, XLA cannot order them and copies the window
     # for the reads (2-3 copies per layer and step on XLA:CPU, also with an optimization barrier or with the
     # write first). Per row, so a batch-sharded step needs no communication for it.
     never = (out[:, 0, 0] > jnp.inf)[:, None, None, None]
-    k_window = update_slice(k_window, jnp.where(never, 0, k_slot), (0, 0, 0, index))
+    k_window = update_slice(k_window, jnp.where(never.reshape(-1, *(1,) * (k_slot.ndim - 1)), 0, k_slot), k_at)
     v_slot = v.transpose(0, 2, 1, 3)  # [B, K, 1, D]
     if v_window.ndim == 6:  # [B, K, D / CB, 1, CB, 1]: this slot's half of each pair, its partner's untouched
         CB = v_window.shape[4]

@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from searchjax import sampling
 from searchjax.bench import common
 
 CACHE_LEN = 2048
@@ -75,7 +76,9 @@ def _greedy_steps(params, cache, token, steps, *, model, window, former):
     def step(_, carry):
         token, position, part = carry
         logits, part = forward(token, position, part)
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), position + 1, part
+        # the greedy decode loop's argmax (`sampling.sample`): over batch 8's 49k-column logits jnp.argmax's
+        # (value, index) reduction took 0.96 ms (of a ~27 ms bf16 step), sampling.argmax 0.29 (2-core AMD EPYC)
+        return sampling.argmax(logits), position + 1, part
 
     token, _, part = jax.lax.fori_loop(0, steps, step, (token, position, part))
     return token, part.mask

@@ -111,11 +111,17 @@ def from_window(x: jax.Array, dtype) -> jax.Array:
 
 
 # A bf16 window's keys on a CPU whose kernels multiply bf16 pairs (`native.bf16_pairs`): each uint32 holds the
-# bits of two adjacent head dims of one slot, [B, K, D / 2, W] (dim 2i in the low half), what one vdpbf16ps lane
-# multiplies by q's pair (q[2i], q[2i + 1]). The kernel's q k^T then reads the keys without widening them to f32
-# (bound by those instructions, a bf16 window's attention read it at ~17 GB/s where an f32 one reads ~28), and a
-# slot's write stays one dynamic-update-slice of [B, K, D / 2, 1] (`to_key_window`).
+# bits of two adjacent head dims of one slot (dim 2i in the low half), what one vdpbf16ps lane multiplies by q's
+# pair (q[2i], q[2i + 1]), in blocks of KEY_BLOCK slots: [B, K, W / 16, D / 2, 16], each block's D / 2 rows of 16
+# slots' pairs contiguous (2 KB at D = 64). The kernel's q k^T then reads the keys without widening them to f32
+# (bound by those instructions, a bf16 window's attention read it at ~17 GB/s where an f32 one reads ~28) and in
+# one pass: a block's whole dot products stay in registers, one sequential stream per (row, kv head). As rows
+# [B, K, D / 2, W] the same sums took four passes of eight rows, each reading and writing the logits: 30 layers
+# of decode attention at batch 8 over 2,000 of 2,048 slots took 14.9 ms as rows and 12.8 blocked (medians of
+# eight alternated runs on a 2-core AMD EPYC with AVX-512 BF16; `docs/performance.md`, "Keys in blocks of 16
+# slots"). A slot's write stays one dynamic-update-slice, [B, K, 1, D / 2, 1] (`key_slot`).
 KEY_PAIRS = jnp.uint32
+KEY_BLOCK = 16  # slots per block of a `KEY_PAIRS` window
 
 
 # With `KEY_PAIRS` keys and 16-column value blocks, a bf16 window's values are paired too, along slots:
@@ -132,32 +138,63 @@ def pairs_values(key_dtype, block: Optional[int]) -> bool:
     return key_dtype is not None and jnp.dtype(key_dtype) == KEY_PAIRS and block == VALUE_PAIR_BLOCK
 
 
-def key_window_dtype(window_dtype, head_dim: int):
-    """The key window's storage for a window of `window_dtype`: `KEY_PAIRS` for bf16 bits (`WINDOW_BITS`) where
-    the kernels multiply bf16 pairs and head_dim is even, else `window_dtype` itself."""
+def key_window_dtype(window_dtype, head_dim: int, slots: int):
+    """The key window's storage for a window of `window_dtype` and `slots` slots: `KEY_PAIRS` for bf16 bits
+    (`WINDOW_BITS`) where the kernels multiply bf16 pairs, head_dim is even and the slots fill whole
+    `KEY_BLOCK`s, else `window_dtype` itself."""
     if (window_dtype is not None and jnp.dtype(window_dtype) == WINDOW_BITS and head_dim % 2 == 0
-            and native_kernels.bf16_pairs()):
+            and slots % KEY_BLOCK == 0 and native_kernels.bf16_pairs()):
         return KEY_PAIRS
     return window_dtype
 
 
-def to_key_window(keys: jax.Array, window_dtype) -> jax.Array:
-    """Keys [..., D, W] (slot-minor) in the cache's dtype -> the key window's storage: `KEY_PAIRS`
-    [..., D / 2, W], else `to_window`'s."""
-    if jnp.dtype(window_dtype) != KEY_PAIRS:
-        return to_window(keys, window_dtype)
+def window_slots(k_window: jax.Array) -> int:
+    """W of a key window: [B, K, D, W], or `KEY_PAIRS`' [B, K, W / KEY_BLOCK, D / 2, KEY_BLOCK]."""
+    return k_window.shape[2] * KEY_BLOCK if k_window.dtype == KEY_PAIRS else k_window.shape[3]
+
+
+def _pair_rows(keys: jax.Array) -> jax.Array:
+    """Keys [..., D, W] in bf16 (or its bits) -> [..., D / 2, W] uint32, dims 2i and 2i + 1 of a slot in one word."""
     *lead, D, W = keys.shape
     halves = to_window(keys, WINDOW_BITS).reshape(*lead, D // 2, 2, W).swapaxes(-1, -2)  # [..., D / 2, W, 2]
     return jax.lax.bitcast_convert_type(halves, KEY_PAIRS)
 
 
+def to_key_window(keys: jax.Array, window_dtype) -> jax.Array:
+    """Keys [..., D, W] (slot-minor) in the cache's dtype -> the key window's storage: `KEY_PAIRS`
+    [..., W / KEY_BLOCK, D / 2, KEY_BLOCK], else `to_window`'s."""
+    if jnp.dtype(window_dtype) != KEY_PAIRS:
+        return to_window(keys, window_dtype)
+    *lead, D, W = keys.shape
+    return _pair_rows(keys).reshape(*lead, D // 2, W // KEY_BLOCK, KEY_BLOCK).swapaxes(-3, -2)
+
+
 def from_key_window(x: jax.Array, dtype) -> jax.Array:
     """`to_key_window`'s inverse: the key window's storage -> keys [..., D, W] in `dtype`."""
     if x.dtype == KEY_PAIRS:
-        halves = jax.lax.bitcast_convert_type(x, WINDOW_BITS)  # [..., D / 2, W, 2]
-        *lead, half, W, _ = halves.shape
-        x = halves.swapaxes(-1, -2).reshape(*lead, 2 * half, W)
+        *lead, blocks, half, _ = x.shape
+        rows = x.swapaxes(-3, -2).reshape(*lead, half, blocks * KEY_BLOCK)
+        halves = jax.lax.bitcast_convert_type(rows, WINDOW_BITS)  # [..., D / 2, W, 2]
+        x = halves.swapaxes(-1, -2).reshape(*lead, 2 * half, blocks * KEY_BLOCK)
     return from_window(x, dtype)
+
+
+def key_slot(k: jax.Array, window_dtype, index) -> tuple:
+    """The token's key k [B, K, D] in the key window's form, and where a dynamic-update-slice writes it for slot
+    `index`: (slot [B, K, D, 1], (0, 0, 0, index)), or for `KEY_PAIRS` (slot [B, K, 1, D / 2, 1], (0, 0, index //
+    KEY_BLOCK, 0, index % KEY_BLOCK))."""
+    if jnp.dtype(window_dtype) != KEY_PAIRS:
+        return to_window(k[..., None], window_dtype), (0, 0, 0, index)
+    B, K, D = k.shape
+    return _pair_rows(k[..., None]).reshape(B, K, 1, D // 2, 1), (0, 0, index // KEY_BLOCK, 0, index % KEY_BLOCK)
+
+
+def key_window_part(k_window: jax.Array, at, count: int) -> jax.Array:
+    """Slots [at, at + count) of a key window, in its own form (for `KEY_PAIRS`, at and count multiples of
+    KEY_BLOCK)."""
+    if k_window.dtype == KEY_PAIRS:
+        return jax.lax.dynamic_slice_in_dim(k_window, at // KEY_BLOCK, count // KEY_BLOCK, axis=2)
+    return jax.lax.dynamic_slice_in_dim(k_window, at, count, axis=3)
 
 
 def kernel_runs(dtype, window_dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
@@ -179,14 +216,14 @@ def decode_attention(q: jax.Array, k_new: jax.Array, v_new: jax.Array, k_window:
     v_window [B, K, W, D] heads-major, or [B, K, D / CB, W, CB] (`block_values`, the kernel's layout; in slot
     pairs [B, K, D / 16, W / 2, 16, 2] with `KEY_PAIRS` keys), read
     only, in q's dtype or a wider one holding q's dtype's values, or bf16 bits (`WINDOW_BITS`; the keys then
-    possibly as `KEY_PAIRS`, [B, K, D / 2, W]); visible [B, W]
+    possibly as `KEY_PAIRS`, [B, K, W / 16, D / 2, 16]); visible [B, W]
     bool (window slot s is attended iff visible[b, s]). native: run the CPU kernel where it is built and takes
     the shapes (`kernel_runs`); the caller says the step runs on one CPU device. A window in the other form's
     layout is converted (a copy: `cpu_decode.split_cache` makes the layout the step's form reads). Returns
     [B, N, D] in q's dtype.
     """
     B, N, D = q.shape
-    K, W = k_window.shape[1], k_window.shape[3]  # [B, K, D, W] (or [B, K, D / 2, W] of `KEY_PAIRS`)
+    K, W = k_window.shape[1], window_slots(k_window)
     G = N // K
     dt = q.dtype
     paired = k_window.dtype == KEY_PAIRS

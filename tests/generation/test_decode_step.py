@@ -14,8 +14,8 @@ import pytest
 
 from searchjax import cpu_decode, decode_steps, sampling
 from searchjax.models import KVCache, init_cache, native, transformer
-from searchjax.models.decode_attention import (KEY_PAIRS, block_values, from_window, pairs_values, to_key_window,
-                                               to_window, unblock_values, value_block)
+from searchjax.models.decode_attention import (KEY_PAIRS, block_values, from_key_window, from_window, pairs_values,
+                                               to_key_window, to_window, unblock_values, value_block)
 
 # every architecture switch: GQA with q/k norms (Qwen3), q/k/v biases (Qwen2), tied embeddings (Llama), MHA
 CONFIGS = {
@@ -144,7 +144,8 @@ def test_merge_cache_writes_back_the_written_slots_only(written_from, written_to
     """merge_cache(full, split_cache(full) with slots [written_from, written_to) changed, written_from) equals
     the stacked cache with exactly those slots (and the window's mask) replaced, bitwise, for blocks that
     cover the range several times over, reach past the window (clamped) or exceed it; values in slot pairs
-    (bits in blocks of 16 where the host pairs) from odd slots too."""
+    (bits in blocks of 16 where the host pairs) from odd slots too, and keys in blocks of 16 slots (`KEY_PAIRS`)
+    from slots and in blocks off theirs."""
     rng = np.random.default_rng(7)
     L, B, K, D = 2, 3, 2, max(4, value_block or 0)
     full = KVCache(k=jnp.asarray(rng.normal(size=(L, B, S, K, D)), jnp.bfloat16),
@@ -166,10 +167,14 @@ def test_merge_cache_writes_back_the_written_slots_only(written_from, written_to
     new_mask = rng.random((B, W)) < 0.5
     slots = slice(written_from, written_to)
     stored = lambda x, dtype: to_window(jnp.asarray(x, jnp.bfloat16), dtype)  # noqa: E731  a bf16 cache's values
+
+    def written_keys(layer, i):  # the window's keys [B, K, D, W] with the slots replaced, in the window's form
+        keys = np.asarray(from_key_window(layer, jnp.float32)).copy()
+        keys[..., slots] = new_k[i, :, slots].transpose(0, 2, 3, 1)
+        return to_key_window(jnp.asarray(keys, jnp.bfloat16), layer.dtype)
+
     part = KVCache(
-        k=tuple(layer.at[:, :, :, slots].set(to_key_window(jnp.asarray(new_k[i, :, slots].transpose(0, 2, 3, 1),
-                                                                       jnp.bfloat16), layer.dtype))
-                for i, layer in enumerate(part.k)),
+        k=tuple(written_keys(layer, i) for i, layer in enumerate(part.k)),
         v=tuple(layer.at[:, :, slots].set(stored(new_v[i, :, slots].transpose(0, 2, 1, 3), layer.dtype))
                 for i, layer in enumerate(part.v)),
         mask=jnp.asarray(new_mask), index=jnp.int32(written_to))

@@ -9,8 +9,8 @@ import pytest
 
 from searchjax.models import native
 from searchjax.models.decode_attention import (KEY_PAIRS, WINDOW_BITS, block_values, decode_attention,
-                                               from_key_window, from_window, key_window_dtype, to_key_window,
-                                               to_window, unblock_values)
+                                               from_key_window, from_window, key_slot, key_window_dtype,
+                                               key_window_part, to_key_window, to_window, unblock_values)
 
 B = 3
 
@@ -113,25 +113,36 @@ def test_a_window_of_bf16_bits_is_the_bf16_window():
 
 
 def test_keys_paired_by_head_dims_are_the_bf16_window():
-    """`KEY_PAIRS` key windows ([B, K, D / 2, W] uint32, dims 2i and 2i + 1 of a slot in one word, 2i low: what
-    `cpu_decode.split_cache` makes for the kernel where it multiplies bf16 pairs) round-trip the bf16 keys
-    bitwise; the jnp form reads them as the bf16 window (bitwise equal results), the kernel's vdpbf16ps q k^T
-    within one bf16 step of the rounded numpy softmax and within the order of f32 sums of the unpaired kernel.
-    Values in slot pairs ([B, K, D / 16, W / 2, 16, 2], column c of slots 2j and 2j + 1 side by side) give the
-    kernel's P V as pair products too: bitwise what it converts unpaired values to. Where the host has no
-    AVX-512 BF16, bit windows keep unpaired keys (`key_window_dtype`)."""
+    """`KEY_PAIRS` key windows ([B, K, W / 16, D / 2, 16] uint32, dims 2i and 2i + 1 of a slot in one word, 2i low,
+    in blocks of 16 slots: what `cpu_decode.split_cache` makes for the kernel where it multiplies bf16 pairs)
+    round-trip the bf16 keys bitwise, and a slot's write (`key_slot`) and a part of the window (`key_window_part`)
+    are the same keys in that form; the jnp form reads them as the bf16 window (bitwise equal results), the
+    kernel's vdpbf16ps q k^T within one bf16 step of the rounded numpy softmax and within the order of f32 sums of
+    the unpaired kernel. Values in slot pairs ([B, K, D / 16, W / 2, 16, 2], column c of slots 2j and 2j + 1 side
+    by side) give the kernel's P V as pair products too: bitwise what it converts unpaired values to. Where the
+    host has no AVX-512 BF16, or the window's slots are not whole blocks of 16, bit windows keep unpaired keys
+    (`key_window_dtype`)."""
     inputs, visible = _inputs(9, 2, 3, 64, 128, 100)
     args = {name: jnp.asarray(value, jnp.bfloat16) for name, value in inputs.items()}
     bits = dict(args, **{name: to_window(args[name], WINDOW_BITS) for name in ("k_window", "v_window")})
     pairs = dict(bits, k_window=to_key_window(args["k_window"], KEY_PAIRS))
-    assert pairs["k_window"].shape == (B, 2, 32, 128) and pairs["k_window"].dtype == KEY_PAIRS
-    words = np.asarray(pairs["k_window"])
-    np.testing.assert_array_equal(words & 0xFFFF, np.asarray(bits["k_window"])[:, :, 0::2])
-    np.testing.assert_array_equal(words >> 16, np.asarray(bits["k_window"])[:, :, 1::2])
+    assert pairs["k_window"].shape == (B, 2, 8, 32, 16) and pairs["k_window"].dtype == KEY_PAIRS
+    words, key_bits = np.asarray(pairs["k_window"]), np.asarray(bits["k_window"])  # [B, K, D, W] bits
+    for slot, i in ((0, 0), (37, 5), (127, 31)):  # block slot // 16, row i, lane slot % 16: dims 2i, 2i + 1
+        np.testing.assert_array_equal(words[:, :, slot // 16, i, slot % 16] & 0xFFFF, key_bits[:, :, 2 * i, slot])
+        np.testing.assert_array_equal(words[:, :, slot // 16, i, slot % 16] >> 16, key_bits[:, :, 2 * i + 1, slot])
     np.testing.assert_array_equal(np.asarray(from_key_window(pairs["k_window"], jnp.bfloat16), np.float32),
                                   np.asarray(args["k_window"], np.float32))
-    assert key_window_dtype(WINDOW_BITS, 64) == (KEY_PAIRS if native.bf16_pairs() else WINDOW_BITS)
-    assert key_window_dtype(jnp.float32, 64) == jnp.float32 and key_window_dtype(WINDOW_BITS, 63) == WINDOW_BITS
+    slot, at = key_slot(args["k_window"][..., 37], KEY_PAIRS, 37)
+    written = jax.lax.dynamic_update_slice(jnp.zeros_like(pairs["k_window"]), slot, at)
+    np.testing.assert_array_equal(np.asarray(written)[:, :, 2, :, 5], words[:, :, 2, :, 5])
+    assert np.count_nonzero(np.asarray(written)) == np.count_nonzero(words[:, :, 2, :, 5])
+    np.testing.assert_array_equal(np.asarray(from_key_window(key_window_part(pairs["k_window"], 32, 48),
+                                                             jnp.float32)),
+                                  np.asarray(args["k_window"][..., 32:80], np.float32))
+    assert key_window_dtype(WINDOW_BITS, 64, 128) == (KEY_PAIRS if native.bf16_pairs() else WINDOW_BITS)
+    assert key_window_dtype(jnp.float32, 64, 128) == jnp.float32
+    assert key_window_dtype(WINDOW_BITS, 63, 128) == key_window_dtype(WINDOW_BITS, 64, 120) == WINDOW_BITS
     attend = lambda a, flag: np.asarray(decode_attention(**a, visible=jnp.asarray(visible), scale=0.125,  # noqa: E731
                                                          native=flag), np.float32)
     np.testing.assert_array_equal(attend(pairs, False), attend(bits, False))
@@ -149,6 +160,28 @@ def test_keys_paired_by_head_dims_are_the_bf16_window():
                                       np.asarray(bits["v_window"][:, :, 10:12, 16:32]).swapaxes(-1, -2))
         np.testing.assert_array_equal(np.asarray(unblock_values(value_pairs)), np.asarray(bits["v_window"]))
         np.testing.assert_array_equal(attend(dict(pairs, v_window=value_pairs), True), got)
+
+
+@pytest.mark.parametrize("D", [8, 40])
+def test_paired_keys_of_any_even_head_dim_in_any_stretch(D):
+    """Paired keys in blocks of 16 slots where a block's dot products run in parts of 8 pairs and a last part of
+    4 (D = 40: 8 + 8 + 4 pairs; D = 8: one part of 4), with values unpaired (D not a multiple of 32), over
+    stretches that start and end mid-block (slots 8-40, 24-88 and 56-80 of 96): the kernel's vdpbf16ps q k^T
+    within one bf16 step of the rounded numpy softmax and within the order of f32 sums of the unpaired kernel."""
+    inputs, visible = _inputs(13, 2, 3, D, 96, 90)
+    visible[:] = False
+    visible[0, 8:40], visible[1, 30:85], visible[2, 60:77] = True, True, True
+    args = {name: jnp.asarray(value, jnp.bfloat16) for name, value in inputs.items()}
+    bits = dict(args, **{name: to_window(args[name], WINDOW_BITS) for name in ("k_window", "v_window")})
+    pairs = dict(bits, k_window=to_key_window(args["k_window"], KEY_PAIRS))
+    attend = lambda a: np.asarray(decode_attention(**a, visible=jnp.asarray(visible), scale=0.2,  # noqa: E731
+                                                   native=True), np.float32)
+    got = attend(pairs)
+    want = _reference(**{name: np.asarray(value, np.float64) for name, value in args.items()}, visible=visible,
+                      scale=0.2, round_probs=True)
+    step = 2.0 ** (np.floor(np.log2(np.abs(want) + 1e-30)) - 7)
+    assert np.all(np.abs(got - want) <= step)
+    np.testing.assert_allclose(got, attend(bits), rtol=2 ** -7, atol=1e-6)
 
 
 @pytest.mark.parametrize("K, G, D", [(3, 3, 64), (1, 8, 128), (2, 1, 32)])

@@ -13,9 +13,10 @@
 //   p v    values in blocks of CB = 16 columns (8 when D is not a multiple of 32), each [W, CB] contiguous
 //          (decode_attention.py's `block_values`): two blocks per pass, G x 4 vector accumulators.
 // Only the slots from the first visible one to the last are read (`attend`).
-// Keys as uint32 pairs of head dims ([B, K, D / 2, W], decode_attention.py's KEY_PAIRS: a bf16 window on a CPU
-// with AVX-512 BF16) go through vdpbf16ps, q's pair broadcast against 16 slots' pairs: no widening to f32, which
-// bound q k^T over a bf16 window by its instructions (`paired_logits`). With them, values as pairs of slots
+// Keys as uint32 pairs of head dims in blocks of 16 slots ([B, K, W / 16, D / 2, 16], decode_attention.py's
+// KEY_PAIRS: a bf16 window on a CPU with AVX-512 BF16) go through vdpbf16ps, q's pair broadcast against 16 slots'
+// pairs: no widening to f32, which bound q k^T over a bf16 window by its instructions, and a block's dot products
+// in registers, one pass over the keys (`paired_logits`). With them, values as pairs of slots
 // ([B, K, D / 16, W / 2, 16, 2] bits, decode_attention.py's `block_values(..., pairs=True)`) run P V through
 // vdpbf16ps too, each probability pair (slots 2j, 2j + 1, rounded to bf16 as the bf16 model rounds them) broadcast
 // against 16 columns' pairs: no widening of the values either (`paired_probs_times_values`). On a CPU with AMX
@@ -23,10 +24,10 @@
 // (`amx_logits`, `amx_probs_times_values`).
 // Operands: q [B, K, G, D] f32 (already rounded to the compute dtype), k_new / v_new [B, K, D] f32,
 // k_window [B, K, D, W] and v_window [B, K, D / CB, W, CB] in f32, bf16 or bf16 bits (uint16), or k_window
-// [B, K, D / 2, W] of uint32 pairs with v_window's bits, [B, K, D / CB, W, CB] or in slot pairs [B, K, D / 16,
-// W / 2, 16, 2] (those with round_p only; where the build has AVX-512 BF16), visible [B, W]
-// bool; attributes scale (f32) and round_p (bool: round the normalised probabilities to bf16 before the
-// products, as the bf16 model does). Result [B, K, G, D] f32. D and W must be multiples of 8 and G at most 8
+// [B, K, W / 16, D / 2, 16] of uint32 pairs with v_window's bits, [B, K, D / CB, W, CB] or in slot pairs
+// [B, K, D / 16, W / 2, 16, 2] (those with round_p only; where the build has AVX-512 BF16), visible [B, W] bool;
+// attributes scale (f32) and round_p (bool: round the normalised probabilities to bf16 before the products, as the
+// bf16 model does). Result [B, K, G, D] f32. D and W must be multiples of 8 and G at most 8
 // (decode_attention.py checks, else the jnp form runs).
 #include <optional>
 #include <vector>
@@ -137,27 +138,21 @@ void probs_times_values(const float* probs, const T* block0, int64_t W, int64_t 
 }
 
 #if defined(__AVX512BF16__)
-// probs[g, s] += sum_j qp[g, j] . k[j, s] (= on the FIRST pass) over NP key rows of pairs (k0: row 0 of them, rows
-// W apart) for s in [begin, end): 16 slots per vector (the last 8 masked when the stretch ends there), NP streams
-// at once, two accumulator chains per query row. qp: q's pairs, [G, half].
+// sum[g] += sum_j qp[g, j] . k[j, :] (= on the FIRST part) over NP key pair rows of one block of 16 slots (blk: row
+// 0 of them, rows 16 apart), lanes outside `m` read as 0: two accumulator chains per query row, the even rows' onto
+// the sum so far, then the odd rows' added.
 template <int G, int NP, bool FIRST>
-inline void logits_pass(const uint32_t* qp, int64_t half, const uint32_t* k0, int64_t W, int64_t begin, int64_t end,
-                        float* probs) {
-  for (int64_t s = begin; s < end; s += 16) {
-    const __mmask16 m = end - s >= 16 ? 0xFFFF : 0x00FF;  // the stretch is whole 8-slot groups
-    __m512bh a[NP];
-    for (int j = 0; j < NP; ++j)
-      a[j] = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi32(m, k0 + j * W + s));
-    for (int g = 0; g < G; ++g) {
-      __m512 even = FIRST ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, probs + g * W + s);
-      __m512 odd = _mm512_setzero_ps();
-      for (int j = 0; j < NP; j += 2) {
-        even = _mm512_dpbf16_ps(even, a[j], reinterpret_cast<__m512bh>(_mm512_set1_epi32(int32_t(qp[g * half + j]))));
-        odd = _mm512_dpbf16_ps(odd, a[j + 1],
-                               reinterpret_cast<__m512bh>(_mm512_set1_epi32(int32_t(qp[g * half + j + 1]))));
-      }
-      _mm512_mask_storeu_ps(probs + g * W + s, m, _mm512_add_ps(even, odd));
+inline void block_part(const uint32_t* qp, int64_t half, const uint32_t* blk, __mmask16 m, __m512* sum) {
+  __m512bh a[NP];
+  for (int j = 0; j < NP; ++j) a[j] = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi32(m, blk + j * 16));
+  for (int g = 0; g < G; ++g) {
+    __m512 even = FIRST ? _mm512_setzero_ps() : sum[g], odd = _mm512_setzero_ps();
+    for (int j = 0; j < NP; j += 2) {
+      even = _mm512_dpbf16_ps(even, a[j], reinterpret_cast<__m512bh>(_mm512_set1_epi32(int32_t(qp[g * half + j]))));
+      odd = _mm512_dpbf16_ps(odd, a[j + 1],
+                             reinterpret_cast<__m512bh>(_mm512_set1_epi32(int32_t(qp[g * half + j + 1]))));
     }
+    sum[g] = _mm512_add_ps(even, odd);
   }
 }
 
@@ -173,21 +168,28 @@ const uint32_t* query_pairs(const float* q, int64_t D) {
   return qp.data();
 }
 
-// probs[g, s] = q[g] . k[:, s] for s in [begin, end), keys as [D / 2, W] pairs (dims 2i, 2i + 1 of slot s in one
-// uint32, 2i in the low half), q as its pairs qp (`query_pairs`): eight pairs (16 dims) per pass over the window,
-// four in a last pass where D / 2 is not a multiple of 8. (Four pairs per pass over 8 slots with 256-bit vectors
-// took 1.6x the time of P V; per slot and pair this issues 2.3x fewer instructions and passes over the logits half
-// as often.)
+// probs[g, s] = q[g] . k[:, s] for s in [begin, end) (whole 8-slot groups), keys in blocks of 16 slots, [W / 16,
+// D / 2, 16] pairs (dims 2i, 2i + 1 of slot s in one uint32, 2i in the low half; a block's rows contiguous), q as
+// its pairs qp (`query_pairs`): each block's dot products in registers, eight pairs a part (four in a last one
+// where D / 2 is not a multiple of 8), summed in the order the row form summed them. One pass and one sequential
+// stream: as rows [D / 2, W] the same sums took four passes over the window, each reading and writing the logits,
+// and ran 1.16x as long (decode_attention.py, `KEY_PAIRS`).
 template <int G>
 void paired_logits(const uint32_t* qp, const uint32_t* kw, int64_t D, int64_t W, int64_t begin, int64_t end,
                    float* probs) {
   const int64_t half = D / 2;  // a multiple of 4
-  // the first pass writes the logits (no pass to zero them first), the others add to them
-  int64_t i = half >= 8 ? 8 : 4;
-  if (i == 8) logits_pass<G, 8, true>(qp, half, kw, W, begin, end, probs);
-  else logits_pass<G, 4, true>(qp, half, kw, W, begin, end, probs);
-  for (; i + 8 <= half; i += 8) logits_pass<G, 8, false>(qp + i, half, kw + i * W, W, begin, end, probs);
-  if (i < half) logits_pass<G, 4, false>(qp + i, half, kw + i * W, W, begin, end, probs);
+  for (int64_t s0 = begin & ~int64_t{15}; s0 < end; s0 += 16) {
+    const int lo = int(std::max(begin, s0) - s0), hi = int(std::min(end, s0 + 16) - s0);  // 0 or 8, 8 or 16
+    const __mmask16 m = __mmask16((0xFFFFu >> (16 - hi)) & (0xFFFFu << lo));
+    const uint32_t* blk = kw + s0 * half;
+    __m512 total[G];
+    int64_t i = half >= 8 ? 8 : 4;
+    if (i == 8) block_part<G, 8, true>(qp, half, blk, m, total);
+    else block_part<G, 4, true>(qp, half, blk, m, total);
+    for (; i + 8 <= half; i += 8) block_part<G, 8, false>(qp + i, half, blk + i * 16, m, total);
+    if (i < half) block_part<G, 4, false>(qp + i, half, blk + i * 16, m, total);
+    for (int g = 0; g < G; ++g) _mm512_mask_storeu_ps(probs + g * W + s0, m, total[g]);
+  }
 }
 
 // out[g, c0 : c0 + 16 P] (+)= sum_j pairs[g, j] . v[j] over slot pairs j in [begin, end): values as P blocks of 16
@@ -238,8 +240,8 @@ inline void probability_pairs(const float* probs, float total, int64_t begin, in
 
 #if defined(SEARCHJAX_AMX)
 // Both products on AMX's tiles, where the CPU has them: the paired layouts above are already AMX's B tiles. A key
-// window's pairs [D / 2, W] give 16 dims' pairs x 16 slots as a tile (rows W apart); a value block's slot pairs
-// [W / 2, 16, 2] give 16 slot pairs x 16 columns (1 KB, contiguous). q's pairs and the probability pairs are the
+// window's block [D / 2, 16] gives 16 dims' pairs x 16 slots as a tile (1 KB, contiguous); a value block's slot
+// pairs [W / 2, 16, 2] give 16 slot pairs x 16 columns (1 KB, contiguous). q's pairs and the probability pairs are the
 // A tiles (G rows). Why: on a 2-core Xeon with AMX (2026-12-05) vdpbf16ps, 21 bytes of window per instruction,
 // bound the window's read below the host's streaming read; one TDPBF16PS takes 1 KB of window.
 // Tiles 0..3: C, G x 16 f32 (four 16-slot chunks of logits, or four 16-column blocks of P V); tile 4: A, G rows of
@@ -254,14 +256,15 @@ template <int C>
 inline void amx_logits(const uint32_t* qp, int64_t half, const uint32_t* kw, int64_t W, int64_t s0, float* probs) {
   each_tile<C>([](auto c) { tile_zero<decltype(c)::value>(); });
   for (int64_t i = 0; i < half; i += 16) {
-    const uint32_t* k = kw + i * W + s0;
-    for (int64_t r = 0; r < 16; ++r)  // the same 16 rows of pairs, FETCH_AHEAD bytes further along the slots
-      for (int64_t line = 0; line < C * 64; line += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(k + r * W) + FETCH_AHEAD + line, _MM_HINT_T0);
+    const uint32_t* k = kw + s0 * half + i * 16;  // rows i .. i + 15 of the block of slots s0 .. s0 + 15
+    each_tile<C>([&](auto c) {  // the same rows of the blocks C further along the slots
+      const char* ahead = reinterpret_cast<const char*>(k + (decltype(c)::value + C) * half * 16);
+      for (int64_t line = 0; line < 1024; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+    });
     tile_load<4>(qp + i, half * 4);
     each_tile<C>([&](auto c) {
       constexpr int t = decltype(c)::value;
-      tile_load<5 + t % 2>(k + 16 * t, W * 4);
+      tile_load<5 + t % 2>(k + t * half * 16, 64);  // the block of slots s0 + 16 t: 16 rows of 64 bytes
       tile_dot<t, 4, 5 + t % 2>();
     });
   }
@@ -422,13 +425,19 @@ void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool r
   }
 }
 
+// D and W of a key window: [B, K, D, W], or of pairs in blocks of 16 slots, [B, K, W / 16, D / 2, 16].
+template <typename Dims>
+int64_t head_dim(const Dims& kd, bool paired) { return paired ? 2 * kd[3] : kd[2]; }
+template <typename Dims>
+int64_t window_slots(const Dims& kd, bool paired) { return paired ? 16 * kd[2] : kd[3]; }
+
 template <int G>
 ffi::Error run(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuffer k_new, ffi::AnyBuffer v_new,
                ffi::AnyBuffer k_window, ffi::AnyBuffer v_window, ffi::AnyBuffer visible, float scale, bool round_p,
                ffi::Result<ffi::AnyBuffer> out) {
-  const auto dims = k_window.dimensions();  // [B, K, D, W], or [B, K, D / 2, W] of pairs
+  const auto dims = k_window.dimensions();
   const bool paired = k_window.element_type() == ffi::DataType::U32;
-  const int64_t B = dims[0], K = dims[1], D = paired ? 2 * dims[2] : dims[2], W = dims[3];
+  const int64_t B = dims[0], K = dims[1], D = head_dim(dims, paired), W = window_slots(dims, paired);
   const int64_t CB = v_window.dimensions()[4];
   const bool value_pairs = v_window.dimensions().size() == 6;  // [B, K, D / 16, W / 2, 16, 2]
   // bf16 windows, or their bits as uint16 (searchjax/models/decode_attention.py's WINDOW_BITS), keys maybe paired
@@ -477,16 +486,17 @@ ffi::Error decode_attention(ffi::ThreadPool pool, ffi::AnyBuffer q, ffi::AnyBuff
 #endif
   if (paired && v_window.element_type() != ffi::DataType::U16)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "decode_attention: paired keys come with bf16 bits values");
-  const int64_t D = kd.size() == 4 ? (paired ? 2 * kd[2] : kd[2]) : 0;
+  const bool key_shape = paired ? kd.size() == 5 && kd[4] == 16 : kd.size() == 4;
+  const int64_t D = key_shape ? head_dim(kd, paired) : 0, W = key_shape ? window_slots(kd, paired) : 0;
   if (vd.size() == 6) {  // values in slot pairs: [B, K, D / 16, W / 2, 16, 2], with paired keys and round_p
-    if (!paired || !round_p || qd.size() != 4 || kd.size() != 4 || kd[3] % 8 != 0 || vd[4] != 16 || vd[5] != 2 ||
-        vd[2] * 16 != D || D % 32 != 0 || 2 * vd[3] != kd[3])
+    if (!paired || !round_p || qd.size() != 4 || !key_shape || vd[4] != 16 || vd[5] != 2 ||
+        vd[2] * 16 != D || D % 32 != 0 || 2 * vd[3] != W)
       return ffi::Error(ffi::ErrorCode::kInvalidArgument, "decode_attention: values in slot pairs must be "
                         "[B, K, D / 16, W / 2, 16, 2] bits, with paired keys and round_p");
-  } else if (qd.size() != 4 || kd.size() != 4 || D % 8 != 0 || kd[3] % 8 != 0 || vd.size() != 5 ||
-      (vd[4] != 16 && vd[4] != 8) || (vd[4] == 16 && D % 32 != 0) || vd[2] * vd[4] != D || vd[3] != kd[3])
+  } else if (qd.size() != 4 || !key_shape || D % 8 != 0 || W % 8 != 0 || vd.size() != 5 ||
+      (vd[4] != 16 && vd[4] != 8) || (vd[4] == 16 && D % 32 != 0) || vd[2] * vd[4] != D || vd[3] != W)
     return ffi::Error(ffi::ErrorCode::kInvalidArgument, "decode_attention: q must be [B, K, G, D], k_window "
-                      "[B, K, D, W] (or [B, K, D / 2, W] pairs) with D and W multiples of 8, v_window "
+                      "[B, K, D, W] (or [B, K, W / 16, D / 2, 16] pairs) with D and W multiples of 8, v_window "
                       "[B, K, D / CB, W, CB] with CB 8, or 16 when D is a multiple of 32");
   switch (qd[2]) {
 #define SEARCHJAX_GROUP(g) case g: return run<g>(pool, q, k_new, v_new, k_window, v_window, visible, scale, round_p, out);
