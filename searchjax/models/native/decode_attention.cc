@@ -173,7 +173,7 @@ const uint32_t* query_pairs(const float* q, int64_t D) {
 // its pairs qp (`query_pairs`): each block's dot products in registers, eight pairs a part (four in a last one
 // where D / 2 is not a multiple of 8), summed in the order the row form summed them. One pass and one sequential
 // stream: as rows [D / 2, W] the same sums took four passes over the window, each reading and writing the logits,
-// and ran 1.16x as long (decode_attention.py, `KEY_PAIRS`).
+// and the whole attention ran 1.16x as long (decode_attention.py, `KEY_PAIRS`).
 template <int G>
 void paired_logits(const uint32_t* qp, const uint32_t* kw, int64_t D, int64_t W, int64_t begin, int64_t end,
                    float* probs) {
