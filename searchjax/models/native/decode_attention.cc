@@ -337,7 +337,8 @@ void attend(const Head& h, int64_t D, int64_t W, int64_t CB, float scale, bool r
   while (begin < end && !h.visible[begin]) ++begin;
   begin &= ~int64_t{7};
   end = (end + 7) & ~int64_t{7};
-  // logits[g, s] = q[g] . k[:, s], four key rows per pass over the window (fewer passes over the logits)
+  // logits[g, s] = q[g] . k[:, s]: paired keys a block of 16 slots at a time (`paired_logits`), unpaired ones
+  // four key rows per pass over the window (fewer passes over the logits; below)
   // AMX takes the slots [tiles_begin, tiles_end), whole tiles of 32 inside the stretch (16 pairs in P V); the
   // ends left over go through vdpbf16ps, so no slot outside the stretch is read here either
   int64_t tiles_begin = (begin + 31) & ~int64_t{31}, tiles_end = end & ~int64_t{31};
