@@ -131,6 +131,15 @@ def roofline_bandwidth(measured: dict[str, float]) -> float:
     return max(measured["read"], measured["copy"], measured["triad"])
 
 
+def read_bandwidth(measured: dict[str, float]) -> float:
+    """The fastest rate in bytes/s at which `memory_bandwidths`' jitted kernels read: the read itself, half the
+    copy's bytes, two thirds of the triad's. The ceiling of a step that only reads (a decode step: its weights
+    and its window), where `roofline_bandwidth` also credits the copy's and triad's writes: on a 2-core AMD EPYC
+    (2026-12-06) the jitted copy's 2 |a| bytes came to 59 GB/s in a run whose read took 33.5, and a C++ read of
+    16 streams on both cores 35 GB/s."""
+    return max(measured["read"], measured["copy"] / 2, measured["triad"] * 2 / 3)
+
+
 def format_table(rows: list[dict]) -> str:
     """Rows as an aligned plain-text table (columns = union of keys, in first-seen order)."""
     if not rows:

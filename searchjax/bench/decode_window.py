@@ -22,7 +22,9 @@ Rows: step_ms per (step, batch, filled), and the figures the work is judged by:
   * long/short: step time with 2,000 filled slots over 100, batch 1 (goal <= 1.3).
   * roofline at batch 8, 2,000 filled: bytes a step must read (every weight once + the window's keys and
     values, W slots) / `common.roofline_bandwidth` (the best of this host's jitted read, copy and triad, each
-    reported in read_copy_triad_gb_s); vs_roofline = measured / that (goal <= 1.3).
+    reported in read_copy_triad_gb_s); vs_roofline = measured / that (goal <= 1.3), each round's step against
+    a reading taken just before it, the median over rounds (`paired_ratios`). vs_read_roofline: the same
+    against `common.read_bandwidth` (the fastest rate those kernels read at; the step only reads).
   * short-window speed: former / current step time at batch 1, 100 filled (> 1: faster now).
 --quick: batch 1 only, 4 steps, 1 iteration (a smoke run of this file, not a measurement).
 
@@ -94,7 +96,12 @@ def _filled_cache(config, batch: int, filled: int):
     return KVCache(k=k, v=v, mask=mask, index=jnp.asarray(filled, jnp.int32))
 
 
-def _step_seconds(model, params, cache, window: int, former: bool, steps: int, iters: int) -> dict:
+def _step_seconds(model, params, cache, window: int, former: bool, steps: int, iters: int, bandwidths=None) -> dict:
+    """Per-step seconds over `iters` rounds (median, min, max); with `bandwidths` (a callable returning
+    `common.memory_bandwidths`' readings), one reading taken just before each round, returned per round beside
+    its step time (`rounds`): this host's bandwidth moves within minutes (a C++ read on both cores of a 2-core AMD
+    EPYC: 35.5, then 26.3 GB/s a quarter hour later), so a roofline ratio against one reading from the run's
+    start measured the host's drift as much as the step."""
     token = jnp.full((cache.mask.shape[0],), 100, jnp.int32)
 
     def call(n):
@@ -104,12 +111,27 @@ def _step_seconds(model, params, cache, window: int, former: bool, steps: int, i
         return time.perf_counter() - start
 
     compile_s = call(1)
-    per_step = []
+    per_step, rounds = [], []
     for _ in range(iters):
+        reading = bandwidths() if bandwidths is not None else None
         one, many = call(1), call(steps)
         per_step.append(max(many - one, 0.0) / (steps - 1))
+        rounds.append((per_step[-1], reading))
     return {"median_s": statistics.median(per_step), "min_s": min(per_step), "max_s": max(per_step),
-            "first_call_s": compile_s}
+            "first_call_s": compile_s, "rounds": rounds}
+
+
+def paired_ratios(rounds, nbytes: float) -> dict:
+    """Roofline ratios of (step seconds, bandwidth readings) rounds: each round's step against the bytes at the
+    bandwidth read just before it, medians over the rounds. vs_roofline takes `common.roofline_bandwidth` (the
+    best of the jitted read, copy and triad, their bytes counted as STREAM does: read and written);
+    vs_read_roofline takes `common.read_bandwidth` (the fastest rate any of them read at), the ceiling of a step
+    that only reads."""
+    strict = [seconds * common.roofline_bandwidth(reading) / nbytes for seconds, reading in rounds]
+    read = [seconds * common.read_bandwidth(reading) / nbytes for seconds, reading in rounds]
+    return {"vs_roofline": statistics.median(strict), "vs_read_roofline": statistics.median(read),
+            "bandwidth_gb_s": statistics.median(common.roofline_bandwidth(r) for _, r in rounds) / 1e9,
+            "read_gb_s": statistics.median(common.read_bandwidth(r) for _, r in rounds) / 1e9}
 
 
 def run(args: common.BenchArgs) -> list[dict]:
@@ -126,25 +148,26 @@ def run(args: common.BenchArgs) -> list[dict]:
     # step reads the whole window: its cost follows the window, not the filled slots)
     cases = [(1, 100), (1, 2000)] + ([] if args.quick else [(8, 2000), (8, 1100)])
     weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
-    measured = common.memory_bandwidths()
-    bandwidth = common.roofline_bandwidth(measured)
-    # the three readings beside the best: copy and triad moved by 1.5x between runs here, the read by ~6 %
-    readings = "/".join(f"{measured[name] / 1e9:.1f}" for name in ("read", "copy", "triad"))
     rows, times = [], {}
     for batch, filled in cases:
         cache = _filled_cache(config, batch, filled)
         window = decode_window(filled + steps, CACHE_LEN)
         window_bytes = kv_bytes(config, batch, window, jnp.dtype(config.compute_dtype).name)
-        roofline_s = (weight_bytes + window_bytes) / bandwidth
+        nbytes = weight_bytes + window_bytes
         for name, former in (("current", False), ("former", True)):
-            t = _step_seconds(model, params, cache, window, former, steps, iters)
+            t = _step_seconds(model, params, cache, window, former, steps, iters,
+                              bandwidths=functools.partial(common.memory_bandwidths, iters=2))
             times[name, batch, filled] = t["median_s"]
+            ratios = paired_ratios(t["rounds"], nbytes)
+            # the readings of the round nearest the median step, beside the ratios' medians
+            reading = min(t["rounds"], key=lambda r: abs(r[0] - t["median_s"]))[1]
+            readings = "/".join(f"{reading[k] / 1e9:.1f}" for k in ("read", "copy", "triad"))
             rows.append({"case": f"step b={batch} filled={filled}", "step": name, "dtype": args.dtype, "batch": batch,
                          "filled": filled, "window": window, "step_ms": 1e3 * t["median_s"],
                          "range_ms": f"{1e3 * t['min_s']:.3g}-{1e3 * t['max_s']:.3g}",
-                         "first_call_s": t["first_call_s"], "roofline_ms": 1e3 * roofline_s,
-                         "vs_roofline": t["median_s"] / roofline_s, "weight_mb": weight_bytes / 1e6,
-                         "window_mb": window_bytes / 1e6, "bandwidth_gb_s": bandwidth / 1e9,
+                         "first_call_s": t["first_call_s"],
+                         "roofline_ms": 1e3 * nbytes / (ratios["bandwidth_gb_s"] * 1e9), **ratios,
+                         "weight_mb": weight_bytes / 1e6, "window_mb": window_bytes / 1e6,
                          "read_copy_triad_gb_s": readings})
         del cache
     for name in ("current", "former"):
@@ -154,6 +177,8 @@ def run(args: common.BenchArgs) -> list[dict]:
             row = next(r for r in rows if r.get("step") == name and r.get("batch") == 8)
             rows.append({"case": "vs roofline b=8 filled=2000 (goal <= 1.3)", "step": name, "dtype": args.dtype,
                          "ratio": row["vs_roofline"]})
+            rows.append({"case": "vs read roofline b=8 filled=2000", "step": name, "dtype": args.dtype,
+                         "ratio": row["vs_read_roofline"]})
     rows.append({"case": "short window b=1: former / current step time", "dtype": args.dtype,
                  "ratio": times["former", 1, 100] / times["current", 1, 100]})
     return rows

@@ -149,6 +149,30 @@ def test_memory_bandwidths_agree_with_each_other(monkeypatch):
     assert common.roofline_bandwidth({"read": 41e9, "copy": 30e9, "triad": 25e9, "numpy_copy": 90e9}) == 41e9
 
 
+def test_read_bandwidth_counts_only_the_bytes_each_kernel_reads():
+    """read_bandwidth: the read's bytes, half the copy's (read a, write b), two thirds of the triad's (read two,
+    write one); the best of them. Hand-computed on fixed readings."""
+    assert common.read_bandwidth({"read": 33.5e9, "copy": 59.2e9, "triad": 47.9e9, "numpy_copy": 1e9}) == 33.5e9
+    assert common.read_bandwidth({"read": 20e9, "copy": 50e9, "triad": 30e9, "numpy_copy": 1e9}) == 25e9
+    assert common.read_bandwidth({"read": 20e9, "copy": 30e9, "triad": 36e9, "numpy_copy": 1e9}) == 24e9
+
+
+def test_paired_ratios_set_each_round_against_its_own_reading():
+    """Each round's step time against the bandwidth read just before it, medians over rounds: 646 MB at 32.3
+    GB/s is a 20 ms roofline, so a 26 ms round is 1.3x; by hand for three rounds whose readings differ."""
+    from searchjax.bench.decode_window import paired_ratios
+    reading = lambda read, copy, triad: {"read": read, "copy": copy, "triad": triad, "numpy_copy": 1e9}
+    rounds = [(0.026, reading(32.3e9, 40e9, 30e9)),  # strict: copy 40 -> 26e-3 * 40e9 / 646e6 = 1.6099
+              (0.024, reading(25e9, 30e9, 60e9)),    # strict: triad 60 -> 2.2291; read: triad's 40 -> 1.4861
+              (0.030, reading(20e9, 20e9, 20e9))]    # strict: 0.9288; read: 20 -> 0.9288
+    ratios = paired_ratios(rounds, 646e6)
+    assert ratios["vs_roofline"] == pytest.approx(0.026 * 40e9 / 646e6)
+    # read: 26e-3 * 32.3 / 0.646 = 1.3, 1.4861, 0.9288 -> median 1.3
+    assert ratios["vs_read_roofline"] == pytest.approx(1.3)
+    # the readings' medians: strict 40, 60, 20 -> 40; read 32.3, 40 (the triad's), 20 -> 32.3
+    assert ratios["bandwidth_gb_s"] == pytest.approx(40.0) and ratios["read_gb_s"] == pytest.approx(32.3)
+
+
 def test_ann_parameters_are_chosen_on_the_tuning_queries_only():
     """choose_config reads only the tuning half's figures: the fastest config at the target recall, else the most
     accurate; _ann_rows then reports every config on the other half (a tiny index, checked by hand)."""
