@@ -128,8 +128,9 @@ inline int64_t workers(ffi::ThreadPool& pool) { return std::max<int64_t>(1, pool
 // How long the caller spins for its helpers to finish before it sleeps on the condition variable. The tasks are
 // even, so a helper that started finishes within about one task of the caller; a futex sleep and wake cost
 // 10-20 us on a 2-core VM, in every call: the bf16 decode step at batch 8 (151 calls) lost 1.4 ms a step in it
-// (the time from the last task's end to the call's return, logged per call). A helper that is descheduled makes
-// the caller spin this long and then sleep as before.
+// (the time from the last task's end to the call's return, logged per call); spinning, its medians went from
+// 24.2-29.3 to 22.7-25.8 ms (alternated, docs/performance.md). A helper that is descheduled makes the caller
+// spin this long and then sleep as before.
 constexpr int64_t SPIN_NS = 100000;
 
 struct Pass {
