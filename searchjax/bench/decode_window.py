@@ -96,8 +96,8 @@ def _filled_cache(config, batch: int, filled: int):
     return KVCache(k=k, v=v, mask=mask, index=jnp.asarray(filled, jnp.int32))
 
 
-def _step_seconds(model, params, cache, window: int, former: bool, steps: int, iters: int, bandwidths=None) -> dict:
-    """Per-step seconds over `iters` rounds (median, min, max); with `bandwidths` (a callable returning
+def _step_seconds(model, params, cache, window: int, former: bool, steps: int, iters: int, bandwidths) -> dict:
+    """Per-step seconds over `iters` rounds (median, min, max) and, from `bandwidths` (a callable returning
     `common.memory_bandwidths`' readings), one reading taken just before each round, returned per round beside
     its step time (`rounds`): this host's bandwidth moves within minutes (a C++ read on both cores of a 2-core AMD
     EPYC: 35.5, then 26.3 GB/s a quarter hour later), so a roofline ratio against one reading from the run's
@@ -113,7 +113,7 @@ def _step_seconds(model, params, cache, window: int, former: bool, steps: int, i
     compile_s = call(1)
     per_step, rounds = [], []
     for _ in range(iters):
-        reading = bandwidths() if bandwidths is not None else None
+        reading = bandwidths()
         one, many = call(1), call(steps)
         per_step.append(max(many - one, 0.0) / (steps - 1))
         rounds.append((per_step[-1], reading))
@@ -127,11 +127,11 @@ def paired_ratios(rounds, nbytes: float) -> dict:
     best of the jitted read, copy and triad, their bytes counted as STREAM does: read and written);
     vs_read_roofline takes `common.read_bandwidth` (the fastest rate any of them read at), the ceiling of a step
     that only reads."""
-    strict = [seconds * common.roofline_bandwidth(reading) / nbytes for seconds, reading in rounds]
-    read = [seconds * common.read_bandwidth(reading) / nbytes for seconds, reading in rounds]
-    return {"vs_roofline": statistics.median(strict), "vs_read_roofline": statistics.median(read),
-            "bandwidth_gb_s": statistics.median(common.roofline_bandwidth(r) for _, r in rounds) / 1e9,
-            "read_gb_s": statistics.median(common.read_bandwidth(r) for _, r in rounds) / 1e9}
+    strict = [common.roofline_bandwidth(reading) for _, reading in rounds]
+    read = [common.read_bandwidth(reading) for _, reading in rounds]
+    return {"vs_roofline": statistics.median(s * b / nbytes for (s, _), b in zip(rounds, strict)),
+            "vs_read_roofline": statistics.median(s * b / nbytes for (s, _), b in zip(rounds, read)),
+            "bandwidth_gb_s": statistics.median(strict) / 1e9, "read_gb_s": statistics.median(read) / 1e9}
 
 
 def run(args: common.BenchArgs) -> list[dict]:
