@@ -26,7 +26,9 @@ temporary directory) with BM25 over the synthetic corpus as the retriever.
    128-token replies, quickstart solver settings), real SmolLM2 generation, each run in its own process
    (memory): median over the steps after the first (which compiles). Reported without a goal; the share
    of proposals each reward actually scored is reported next to it (a 135M proposer rarely writes a gated
-   question, so IG scores few). The temporary directory (chains, the runs' checkpoints) is removed at the end.
+   question, so IG scores few). These runs compute in the config's dtypes (the quickstart's anchor and solver
+   in float32), whatever `--dtype` says. The temporary directory (chains, the runs' checkpoints) is removed at
+   the end.
 
 The paper's 7.37-9.61x is per update and also includes Dr.Zero's live proposer-side search, which ours
 does not do.
@@ -245,9 +247,7 @@ def run_paper_solver(args: BenchArgs) -> list[dict]:
                                   ("solver_response_tokens", "solver_searches", "solve_rate")})
             chunks.append(chunk)
             print(f"drfree_paper chunk {len(chunks)}: {chunk}", flush=True)
-        from searchjax.runtime import resolve_dtype
-        rows = paper_solver_rows(chunks, time.perf_counter() - started)
-        return [{**row, "dtype": resolve_dtype(args.dtype)} for row in rows]
+        return _with_dtype(paper_solver_rows(chunks, time.perf_counter() - started), args)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -303,7 +303,13 @@ def reward_rows(args: BenchArgs, work: pathlib.Path) -> tuple[list[dict], int]:
         # One timed call after the first: each difficulty call is minutes of decoding on CPU (compilation is
         # a small part of the first one, which is reported too).
         rows += _compare(args, paper, _trajectories(batch[:size], tokenizer), "paper solver", warmup=0, iters=1)
-    return rows, batch_size
+    return _with_dtype(rows, args), batch_size
+
+
+def _with_dtype(rows: list[dict], args: BenchArgs) -> list[dict]:
+    """The reward rows with the dtype their model computed in (`--dtype`, "auto" resolved for this host)."""
+    from searchjax.runtime import resolve_dtype
+    return [{**row, "dtype": resolve_dtype(args.dtype)} for row in rows]
 
 
 def run(args: BenchArgs) -> list[dict]:

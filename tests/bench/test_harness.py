@@ -238,6 +238,18 @@ def test_paper_solver_rows_by_hand():
     assert difficulty["goal_5x_met"] and difficulty["solve_rate"] == 0.5 and ig["wall_s"] == 536.0
 
 
+def test_drfree_rows_say_the_dtype_their_model_computed_in(monkeypatch):
+    """The reward rows carry `--dtype` with "auto" resolved to the host's choice, which the runtime says."""
+    from searchjax import runtime
+    from searchjax.bench.drfree import _with_dtype
+    rows = [{"reward": "ig"}, {"reward": "difficulty_paper_solver"}]
+    assert [r["dtype"] for r in _with_dtype(rows, common.BenchArgs(dtype="float32"))] == ["float32"] * 2
+    for host in ("bfloat16", "float32"):
+        monkeypatch.setattr(runtime, "host_compute_dtype", lambda host=host: host)
+        assert [r["dtype"] for r in _with_dtype(rows, common.BenchArgs(dtype="auto"))] == [host] * 2
+    assert rows == [{"reward": "ig"}, {"reward": "difficulty_paper_solver"}]  # the given rows are left as they are
+
+
 def test_torch_reference_follows_jax_to_the_gpu(monkeypatch, tmp_path):
     """The rollout's torch side runs where JAX runs (a GPU reference is never set against a CPU side), the suites
     with CPU references refuse an accelerator, and a missing `--model` path is a one-line usage error before any
