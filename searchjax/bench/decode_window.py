@@ -142,6 +142,7 @@ def run(args: common.BenchArgs) -> list[dict]:
     from searchjax.roofline import kv_bytes
     model, params = load_pretrained(assets.smollm2_gguf(), dtype=args.dtype)
     config = model.config
+    dtype = jnp.dtype(config.compute_dtype).name  # --dtype with "auto" resolved for this host
     steps = 4 if args.quick else 16
     iters = 1 if args.quick else max(1, args.iters)
     # (8, 1100): the same 2,048-slot window just over half filled, as right after a rollout's window doubles (the
@@ -162,7 +163,7 @@ def run(args: common.BenchArgs) -> list[dict]:
             # the readings of the round nearest the median step, beside the ratios' medians
             reading = min(t["rounds"], key=lambda r: abs(r[0] - t["median_s"]))[1]
             readings = "/".join(f"{reading[k] / 1e9:.1f}" for k in ("read", "copy", "triad"))
-            rows.append({"case": f"step b={batch} filled={filled}", "step": name, "dtype": args.dtype, "batch": batch,
+            rows.append({"case": f"step b={batch} filled={filled}", "step": name, "dtype": dtype, "batch": batch,
                          "filled": filled, "window": window, "step_ms": 1e3 * t["median_s"],
                          "range_ms": f"{1e3 * t['min_s']:.3g}-{1e3 * t['max_s']:.3g}",
                          "first_call_s": t["first_call_s"],
@@ -171,14 +172,14 @@ def run(args: common.BenchArgs) -> list[dict]:
                          "read_copy_triad_gb_s": readings})
         del cache
     for name in ("current", "former"):
-        rows.append({"case": "long/short b=1 (goal <= 1.3)", "step": name, "dtype": args.dtype,
+        rows.append({"case": "long/short b=1 (goal <= 1.3)", "step": name, "dtype": dtype,
                      "ratio": times[name, 1, 2000] / times[name, 1, 100]})
         if not args.quick:
             row = next(r for r in rows if r.get("step") == name and r.get("batch") == 8)
-            rows.append({"case": "vs roofline b=8 filled=2000 (goal <= 1.3)", "step": name, "dtype": args.dtype,
+            rows.append({"case": "vs roofline b=8 filled=2000 (goal <= 1.3)", "step": name, "dtype": dtype,
                          "ratio": row["vs_roofline"]})
-            rows.append({"case": "vs read roofline b=8 filled=2000", "step": name, "dtype": args.dtype,
+            rows.append({"case": "vs read roofline b=8 filled=2000", "step": name, "dtype": dtype,
                          "ratio": row["vs_read_roofline"]})
-    rows.append({"case": "short window b=1: former / current step time", "dtype": args.dtype,
+    rows.append({"case": "short window b=1: former / current step time", "dtype": dtype,
                  "ratio": times["former", 1, 100] / times["current", 1, 100]})
     return rows
