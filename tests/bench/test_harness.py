@@ -226,7 +226,7 @@ def test_paper_solver_rows_by_hand():
     chunks = [{"questions": 2, "ig": 4.0, "difficulty_paper_solver": 400.0, **solver},  # compiles: slow
               {"questions": 2, "ig": 1.0, "difficulty_paper_solver": 100.0, **solver},
               {"questions": 1, "ig": 1.0, "difficulty_paper_solver": 30.0, **solver}]
-    ig, difficulty = paper_solver_rows(chunks, wall_s=536.0)
+    ig, difficulty = paper_solver_rows(chunks, wall_s=536.0, pool_questions=90)
     assert ig["questions"] == difficulty["questions"] == 5 and ig["chunks"] == 3
     assert ig["s_per_question"] == pytest.approx(6.0 / 5) and difficulty["s_per_question"] == pytest.approx(530 / 5)
     assert difficulty["s_per_question_after_first_chunk"] == pytest.approx(130 / 3)
@@ -236,6 +236,23 @@ def test_paper_solver_rows_by_hand():
     assert difficulty["x_vs_ig"] == pytest.approx((530 / 5) / (6 / 5))
     assert difficulty["x_vs_ig_after_first_chunk"] == pytest.approx((130 / 3) / (2 / 3))
     assert difficulty["goal_5x_met"] and difficulty["solve_rate"] == 0.5 and ig["wall_s"] == 536.0
+    assert ig["pool_questions"] == 90 and ig["stopped_by"] == "budget"  # 5 of 90 ran
+    assert paper_solver_rows(chunks, wall_s=536.0, pool_questions=5)[0]["stopped_by"] == "pool"
+
+
+def test_paper_solver_pool_outlasts_its_budget(tmp_path):
+    """The paper-solver comparison's own pool holds more gated questions than its 45-minute budget takes at the
+    fastest per-question time measured on a CPU so far (bf16, 2026-12-07: IG 2.44 s + difficulty 44.8 s), so
+    the budget, not the pool, ends that run (the quickstart's pool of 24 ran out in 19 minutes)."""
+    from searchjax.bench import drfree
+    from searchjax.experiment import selfplay
+    seed = drfree._config("quickstart").chains.seed
+    records, _ = selfplay.synthetic_chain_pool(tmp_path, n_per_hop=drfree.PAPER_SOLVER_CHAINS_PER_HOP, seed=seed)
+    gated = drfree._gated_count(records)
+    assert gated > drfree.PAPER_SOLVER_BUDGET_S / (2.44 + 44.8) + drfree.PAPER_SOLVER_QUESTIONS_CPU
+    batch = drfree.gated_batch(records, gated)
+    assert len({r["id"] for r in batch}) == gated  # every gated chain once
+    assert {r["hops"] for r in batch[:3]} == {1, 2, 3}  # round-robin over hop counts from the start
 
 
 def test_drfree_rows_say_the_dtype_their_model_computed_in(monkeypatch):
