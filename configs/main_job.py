@@ -66,7 +66,9 @@ In float32 (--config.model.dtype=float32; what a CPU without a bf16 matrix unit 
 Again on 2026-12-07, 2 CPU cores of an AMD EPYC with AVX-512 BF16 (bf16 compute by "auto"), nothing else running:
 8 min 28 s wall in all, peak RSS 6.3 GiB; demonstrations 13 s (cached), warm start 168 s (loss 2.40 -> 0.111),
 GRPO 102 s, evaluations 42 + 78 + 99 s. Default QA test EM: warm start 0.590 (F1 0.629, valid 0.990), GRPO 0.570
-(0.608, 0.990); FanOutQA as above (0.440 / 0.440); every searches column 1.000, the untrained rows 0."""
+(0.608, 0.990); FanOutQA as above (0.440 / 0.440); every searches column 1.000, the untrained rows 0.
+Later that day, same host type: 6 min 12 s, peak RSS 8.6 GiB (warm start 134 s, GRPO 64 s, evaluations 20 + 69 + 75
+s), the same EMs; with SEARCHJAX_HUGE_PAGES=0 (malloc gives freed memory back) right before it: 6 min 42 s, 4.6 GiB."""
 
 
 def main_section(arms=("grpo",)):

@@ -118,7 +118,10 @@ def use_transparent_huge_pages() -> None:
     arena (`arena_max=1`: the block comes from the main heap even when an XLA thread asks), no separate
     mappings (`mmap_max=0`) and no trimming, the block stays mapped between calls: 8.5 s after the same gaps,
     8.3 s back to back (`docs/performance.md`, "The update's temporaries kept mapped"). The process keeps its
-    peak footprint instead of returning memory between calls.
+    peak footprint instead of returning memory between calls, and blocks of other sizes leave holes: the main
+    job peaked at 8.6 GiB with these tunables and 4.6 GiB without (6 min 12 s against 6 min 42 s), the Dr.Free
+    paper solver's rollouts held 10.7 GiB against 1.8 (2026-12-07; docs/performance.md, "The Dr.Free pool, f32
+    products through OpenBLAS, memory the malloc tunables keep"). SEARCHJAX_HUGE_PAGES=0 where memory is short.
 
     glibc reads GLIBC_TUNABLES once at start-up, hence the re-exec, which launch scripts do first thing in
     `__main__`, before absl parses flags and before JAX is imported. A no-op when glibc.malloc.hugetlb is
