@@ -242,14 +242,14 @@ def test_paper_solver_rows_by_hand():
 
 def test_paper_solver_pool_outlasts_its_budget(tmp_path):
     """The paper-solver comparison's own pool holds more gated questions than its 45-minute budget takes at the
-    fastest per-question time measured on a CPU so far (bf16, 2026-12-07: IG 2.44 s + difficulty 44.8 s), so
+    fastest per-question time measured on a CPU so far (bf16, 2026-12-07: IG 2.54 s + difficulty 42.9 s), so
     the budget, not the pool, ends that run (the quickstart's pool of 24 ran out in 19 minutes)."""
     from searchjax.bench import drfree
     from searchjax.experiment import selfplay
     seed = drfree._config("quickstart").chains.seed
     records, _ = selfplay.synthetic_chain_pool(tmp_path, n_per_hop=drfree.PAPER_SOLVER_CHAINS_PER_HOP, seed=seed)
     gated = drfree._gated_count(records)
-    assert gated > drfree.PAPER_SOLVER_BUDGET_S / (2.44 + 44.8) + drfree.PAPER_SOLVER_QUESTIONS_CPU
+    assert gated > drfree.PAPER_SOLVER_BUDGET_S / (2.54 + 42.9) + drfree.PAPER_SOLVER_QUESTIONS_CPU
     batch = drfree.gated_batch(records, gated)
     assert len({r["id"] for r in batch}) == gated  # every gated chain once
     assert {r["hops"] for r in batch[:3]} == {1, 2, 3}  # round-robin over hop counts from the start
