@@ -91,14 +91,15 @@ def templated_reply(record: dict) -> str:
             f"</question>\n<answer>{record['answer']}</answer>")
 
 
-def gated_batch(records: list[dict], size: int) -> list[dict]:
-    """`size` chains round-robin over hop counts whose templated reply passes eq. 12's gate."""
+def gated_batch(records: list[dict], size: int | None = None) -> list[dict]:
+    """`size` chains (None: every one) round-robin over hop counts whose templated reply passes eq. 12's gate."""
     from searchjax.rewards.information_gain import check_proposal
     by_hops: dict[int, list[dict]] = {}
     for r in records:
         if check_proposal(templated_reply(r), r).gated:
             by_hops.setdefault(r["hops"], []).append(r)
     queues = [list(reversed(v)) for _, v in sorted(by_hops.items())]
+    size = sum(map(len, queues)) if size is None else size
     out: list[dict] = []
     while len(out) < size and any(queues):
         for q in queues:
@@ -237,7 +238,7 @@ def run_paper_solver(args: BenchArgs) -> list[dict]:
         config = _config(_variant(args))
         ig, difficulty, records, tokenizer = _rewards(work, config, args.dtype, PAPER_SOLVER_CHAINS_PER_HOP)
         paper = difficulty(_config("").difficulty.rollout)
-        batch = gated_batch(records, _gated_count(records))
+        batch = gated_batch(records)
         chunks, started = [], time.perf_counter()
         for first in range(0, len(batch), PAPER_SOLVER_QUESTIONS_CPU):
             if chunks and time.perf_counter() - started > PAPER_SOLVER_BUDGET_S:
@@ -256,11 +257,6 @@ def run_paper_solver(args: BenchArgs) -> list[dict]:
         return _with_dtype(paper_solver_rows(chunks, time.perf_counter() - started, len(batch)), args)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _gated_count(records: list[dict]) -> int:
-    from searchjax.rewards.information_gain import check_proposal
-    return sum(check_proposal(templated_reply(r), r).gated for r in records)
 
 
 def paper_solver_rows(chunks: list[dict], wall_s: float, pool_questions: int) -> list[dict]:

@@ -248,10 +248,11 @@ def test_paper_solver_pool_outlasts_its_budget(tmp_path):
     from searchjax.experiment import selfplay
     seed = drfree._config("quickstart").chains.seed
     records, _ = selfplay.synthetic_chain_pool(tmp_path, n_per_hop=drfree.PAPER_SOLVER_CHAINS_PER_HOP, seed=seed)
-    gated = drfree._gated_count(records)
-    assert gated > drfree.PAPER_SOLVER_BUDGET_S / (2.54 + 42.9) + drfree.PAPER_SOLVER_QUESTIONS_CPU
-    batch = drfree.gated_batch(records, gated)
-    assert len({r["id"] for r in batch}) == gated  # every gated chain once
+    batch = drfree.gated_batch(records)  # every chain whose templated reply passes the gate
+    assert len(batch) > drfree.PAPER_SOLVER_BUDGET_S / (2.54 + 42.9) + drfree.PAPER_SOLVER_QUESTIONS_CPU
+    assert len({r["id"] for r in batch}) == len(batch)  # each once
+    from searchjax.rewards.information_gain import check_proposal
+    assert len(batch) == sum(check_proposal(drfree.templated_reply(r), r).gated for r in records)
     assert {r["hops"] for r in batch[:3]} == {1, 2, 3}  # round-robin over hop counts from the start
 
 
