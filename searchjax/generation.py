@@ -73,7 +73,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from searchjax import decode_steps, distributed, sampling, sharding, stop_strings
+from searchjax import decode_steps, distributed, runtime, sampling, sharding, stop_strings
 from searchjax.decode_steps import EOS, LENGTH, RUNNING, STOP, LogitsFn, LogitsProcessor, SamplerState  # noqa: F401
 
 STOP_REASONS = {EOS: "eos", STOP: "stop", LENGTH: "length"}
@@ -353,11 +353,15 @@ def start(model, params, prompt_ids: Sequence[Sequence[int]], *, max_cache_len: 
     done = np.arange(batch) >= total
     keys = (_process_row_keys(seeds, batch, mesh, rules, first_row) if spans
             else _batch_input(sampling.row_keys(seed, batch, first_row), mesh, rules))
-    state = decode_steps.prefill(params, _batch_input(prompt_block, mesh, rules), _batch_input(prompt_mask, mesh, rules),
-                     _batch_input(tokens, mesh, rules), _batch_input(lengths, mesh, rules),
-                     _batch_input(done, mesh, rules), keys, model=model, logits_fn=logits_fn, cache_len=cache_len,
-                     mesh=mesh, rules=rules, logits_processor=logits_processor,
-                     window=decode_window(width, cache_len) if model is not None else None)
+    with runtime.returning_large_blocks() as returning:  # a rollout's blocks vary in size (runtime says why)
+        state = decode_steps.prefill(params, _batch_input(prompt_block, mesh, rules),
+                                     _batch_input(prompt_mask, mesh, rules), _batch_input(tokens, mesh, rules),
+                                     _batch_input(lengths, mesh, rules), _batch_input(done, mesh, rules), keys,
+                                     model=model, logits_fn=logits_fn, cache_len=cache_len, mesh=mesh, rules=rules,
+                                     logits_processor=logits_processor,
+                                     window=decode_window(width, cache_len) if model is not None else None)
+        if returning:
+            jax.block_until_ready(state)
     return GenerationSession(state=state, model=model, params=params, logits_fn=logits_fn, tokenizer=tokenizer,
                              num_rows=num_rows, cache_len=cache_len, slots_used=width,
                              eos_token_ids=eos_token_ids, vocab_size=vocab_size, mesh=mesh, rules=rules,
@@ -386,19 +390,20 @@ def decode(session: GenerationSession, max_new_tokens: int, *, temperature: floa
     segments = (decode_segments(session.slots_used, max_new_tokens, session.cache_len) if session.model is not None
                 else [(session.cache_len, max_new_tokens)])  # no cache: one program
     steps, first = 0, True
-    for window, segment in segments:
-        state = decode_steps.decode_loop(
-            session.params, state, np.int32(max_new_tokens - steps), np.int32(segment), np.bool_(first),
-            np.float32(max(temperature, 1e-6)), np.float32(top_p), np.asarray(table.next_state),
-            np.int32(table.match_state), model=session.model, logits_fn=session.logits_fn, mode=mode,
-            eos_token_ids=session.eos_token_ids, window=window, mesh=session.mesh, rules=session.rules,
-            logits_processor=session.logits_processor)
-        ran, done = _host((state.step, state.done))
-        steps, first = steps + int(ran), False
-        if done.all():  # every row stopped (a launch that ran its window full leaves some running)
-            break
-    tokens, logprobs, lengths, turn_start, reasons = _host(
-        (state.tokens, state.logprobs, state.lengths, state.turn_start, state.stop_reason))
+    with runtime.returning_large_blocks():  # a rollout's blocks vary in size (runtime says why); _host blocks
+        for window, segment in segments:
+            state = decode_steps.decode_loop(
+                session.params, state, np.int32(max_new_tokens - steps), np.int32(segment), np.bool_(first),
+                np.float32(max(temperature, 1e-6)), np.float32(top_p), np.asarray(table.next_state),
+                np.int32(table.match_state), model=session.model, logits_fn=session.logits_fn, mode=mode,
+                eos_token_ids=session.eos_token_ids, window=window, mesh=session.mesh, rules=session.rules,
+                logits_processor=session.logits_processor)
+            ran, done = _host((state.step, state.done))
+            steps, first = steps + int(ran), False
+            if done.all():  # every row stopped (a launch that ran its window full leaves some running)
+                break
+        tokens, logprobs, lengths, turn_start, reasons = _host(
+            (state.tokens, state.logprobs, state.lengths, state.turn_start, state.stop_reason))
     results = [GenerationResult(token_ids=tokens[b, turn_start[b]:lengths[b]].tolist(),
                                 logprobs=np.asarray(logprobs[b, turn_start[b]:lengths[b]], np.float32),
                                 stop_reason=STOP_REASONS[int(reasons[b])])
@@ -433,12 +438,15 @@ def append(session: GenerationSession, per_row_tokens: Sequence[Optional[Sequenc
         if r:
             block[b, width - len(r):] = r
             block_lengths[b] = len(r)
-    state = decode_steps.append_block(session.params, state, _batch_input(block, session.mesh, session.rules),
-                    _batch_input(block_lengths, session.mesh, session.rules), model=session.model,
-                    logits_fn=session.logits_fn, mesh=session.mesh, rules=session.rules,
-                    logits_processor=session.logits_processor,
-                    window=(decode_window(session.slots_used + width, session.cache_len)
-                            if session.model is not None else None))
+    with runtime.returning_large_blocks() as returning:
+        state = decode_steps.append_block(session.params, state, _batch_input(block, session.mesh, session.rules),
+                        _batch_input(block_lengths, session.mesh, session.rules), model=session.model,
+                        logits_fn=session.logits_fn, mesh=session.mesh, rules=session.rules,
+                        logits_processor=session.logits_processor,
+                        window=(decode_window(session.slots_used + width, session.cache_len)
+                                if session.model is not None else None))
+        if returning:
+            jax.block_until_ready(state)
     return _successor(session, state, session.slots_used + width, live_rows=sum(1 for r in rows if r))
 
 

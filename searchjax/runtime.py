@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import threading
 
 
 def enable_compilation_cache(path: str | None = None) -> str:
@@ -119,9 +122,9 @@ def use_transparent_huge_pages() -> None:
     mappings (`mmap_max=0`) and no trimming, the block stays mapped between calls: 8.5 s after the same gaps,
     8.3 s back to back (`docs/performance.md`, "The update's temporaries kept mapped"). The process keeps its
     peak footprint instead of returning memory between calls, and blocks of other sizes leave holes: the main
-    job peaked at 8.6 GiB with these tunables and 4.6 GiB without (6 min 12 s against 6 min 42 s), the Dr.Free
-    paper solver's rollouts held 10.7 GiB against 1.8 (2026-12-07; docs/performance.md, "The Dr.Free pool, f32
-    products through OpenBLAS, memory the malloc tunables keep"). SEARCHJAX_HUGE_PAGES=0 where memory is short.
+    job peaked at 8.6 GiB with these tunables and 4.6 GiB without (6 min 12 s against 6 min 42 s; docs/performance.md,
+    "The Dr.Free pool, f32 products through OpenBLAS, memory the malloc tunables keep"). Generation, whose blocks
+    vary most, gives its large ones back (`returning_large_blocks`). SEARCHJAX_HUGE_PAGES=0 where memory is short.
 
     glibc reads GLIBC_TUNABLES once at start-up, hence the re-exec, which launch scripts do first thing in
     `__main__`, before absl parses flags and before JAX is imported. A no-op when glibc.malloc.hugetlb is
@@ -145,3 +148,60 @@ def use_transparent_huge_pages() -> None:
         return
     env = dict(os.environ, GLIBC_TUNABLES=with_malloc_tunables(tunables))
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+# mallopt(3) parameters (glibc's malloc.h).
+_M_MMAP_THRESHOLD, _M_MMAP_MAX = -3, -4
+# Blocks of at least this size that no free chunk of the heap fits get a mapping of their own inside
+# `returning_large_blocks`: glibc's largest mmap threshold on 64-bit (half its 64 MiB heap size).
+RETURNED_BLOCK_BYTES = 32 << 20
+_GLIBC_MMAP_MAX = 65536  # glibc's default M_MMAP_MAX
+_returning = {"depth": 0, "lock": threading.Lock()}
+
+
+def keeps_freed_memory() -> bool:
+    """Whether this process runs with `KEEP_MEMORY_TUNABLES`' no-mmap rule (GLIBC_TUNABLES as glibc read it)."""
+    import sys
+    return sys.platform == "linux" and "glibc.malloc.mmap_max=0" in os.environ.get("GLIBC_TUNABLES", "").split(":")
+
+
+@functools.lru_cache(maxsize=1)
+def _mallopt():
+    import ctypes
+    return ctypes.CDLL("libc.so.6", use_errno=True).mallopt
+
+
+def _set_mmap_max(value: int) -> None:
+    if not _mallopt()(_M_MMAP_MAX, value):
+        raise OSError(f"mallopt(M_MMAP_MAX, {value}) failed")
+
+
+@contextlib.contextmanager
+def returning_large_blocks():
+    """Inside this block, glibc gives a large block that no free heap chunk fits (>= RETURNED_BLOCK_BYTES) a
+    mapping of its own and unmaps it when freed; outside it, `KEEP_MEMORY_TUNABLES` keep everything in the heap.
+
+    The keep is for the update: XLA:CPU takes its temporaries as one block of the same size at every call, and a
+    block kept in the heap is reused without faulting it in again (`use_transparent_huge_pages`). Generation is
+    the opposite case: prefills, appends and decode segments of a rollout ask for blocks of many sizes, the heap
+    keeps the high-water mark of their sum plus the holes between them, and a process that keeps everything
+    peaked at 10.8 GiB in the Dr.Free paper solver's rollouts where one that keeps nothing peaked at 7.1 GiB
+    (docs/performance.md, "Generation gives its large blocks back"). `searchjax.generation` runs its calls in
+    this block. Nested blocks are one block; a no-op in a process that does not keep freed memory. Yields whether
+    it is active: XLA allocates when a program runs, so a caller that dispatched one blocks on it inside.
+    """
+    if not keeps_freed_memory():
+        yield False
+        return
+    with _returning["lock"]:
+        _returning["depth"] += 1
+        if _returning["depth"] == 1:
+            _mallopt()(_M_MMAP_THRESHOLD, RETURNED_BLOCK_BYTES)
+            _set_mmap_max(_GLIBC_MMAP_MAX)
+    try:
+        yield True
+    finally:
+        with _returning["lock"]:
+            _returning["depth"] -= 1
+            if _returning["depth"] == 0:
+                _set_mmap_max(0)

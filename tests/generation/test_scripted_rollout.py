@@ -1,14 +1,29 @@
 """A scripted multi-turn search rollout through the real session code: a host policy (policy_logits_fn) writes
 <search>/<answer> turns with the real SmolLM2 tokenizer, decoding halts at each tag, the host appends an
-<information> block and decoding resumes; the transcript must come out exactly."""
+<information> block and decoding resumes; the transcript must come out exactly. Every program the session runs
+runs inside `runtime.returning_large_blocks` (a rollout's blocks go back to the OS)."""
+
+import contextlib
 
 from searchjax import generation
 
 STOPS = ("</search>", "</answer>")
 
 
-def test_scripted_search_rollout(smollm2_tokenizer):
+def test_scripted_search_rollout(smollm2_tokenizer, monkeypatch):
     tok = smollm2_tokenizer
+    depth, entered, policy_depths = [0], [], []
+
+    @contextlib.contextmanager
+    def recording_block():
+        entered.append(True)
+        depth[0] += 1
+        try:
+            yield True  # as in a process that keeps freed memory: the caller blocks on its programs inside
+        finally:
+            depth[0] -= 1
+
+    monkeypatch.setattr(generation.runtime, "returning_large_blocks", recording_block)
     info = lambda text: tok.encode(f"\n\n<information>{text}</information>\n\n")
     # Per row: alternating (generated text, appended block) segments.
     scripts = [
@@ -28,6 +43,7 @@ def test_scripted_search_rollout(smollm2_tokenizer):
         if row >= len(transcripts) or len(tokens) >= len(transcripts[row]):
             return eos
         assert tokens == transcripts[row][:len(tokens)]  # the policy sees exactly what was generated and appended
+        policy_depths.append(depth[0])
         return transcripts[row][len(tokens)]
 
     fn = generation.policy_logits_fn(next_token, tok.vocab_size)
@@ -45,3 +61,5 @@ def test_scripted_search_rollout(smollm2_tokenizer):
             session = generation.append(session, blocks)
     assert reasons == [["stop"] * 3, ["stop", "stop", "stop"], ["stop", "stop", "stop"]]
     assert generation.sequences(session) == transcripts
+    assert len(entered) == 1 + 3 + 2  # start, each decode, each append
+    assert policy_depths and set(policy_depths) == {1}  # the programs ran inside the block, never after it

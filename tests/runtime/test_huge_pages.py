@@ -78,3 +78,36 @@ def test_a_freed_block_stays_mapped_with_the_tunables_and_is_returned_without():
     assert _kept_mib({"SEARCHJAX_HUGE_PAGES": "0"}) < 32
     if _supported():
         assert _kept_mib({}) >= 240
+
+
+RETURN_SCRIPT = """
+import os, threading
+import numpy as np
+from searchjax import runtime
+runtime.use_transparent_huge_pages()
+def rss():
+    return int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+def kept_mib():  # a 256 MiB block malloc'd, touched and freed on a thread of its own, as XLA's pool threads do
+    before = rss()
+    thread = threading.Thread(target=lambda: np.ones(2 ** 25).sum())
+    thread.start()
+    thread.join()
+    return (rss() - before) // 2 ** 20
+with runtime.returning_large_blocks() as outer:
+    with runtime.returning_large_blocks() as inner:
+        pass
+    nested = kept_mib()  # the inner block's end does not end the outer one
+after = kept_mib()
+print(outer, inner, nested, after, flush=True)
+"""
+
+
+def test_returning_large_blocks_gives_a_freed_block_back_and_the_keep_resumes_after_it():
+    """Inside `returning_large_blocks` (nested too) the 256 MiB block gets a mapping of its own and goes back to the
+    OS when freed; after it, the re-exec's tunables keep the next one. Without the tunables it is a no-op."""
+    if _supported():
+        outer, inner, nested, after = _stdout(["-c", RETURN_SCRIPT], {}).split()
+        assert (outer, inner) == ("True", "True")
+        assert int(nested) < 32 and int(after) >= 240
+    outer, inner, nested, after = _stdout(["-c", RETURN_SCRIPT], {"SEARCHJAX_HUGE_PAGES": "0"}).split()
+    assert (outer, inner) == ("False", "False") and int(nested) < 32 and int(after) < 32
