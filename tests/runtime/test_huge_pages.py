@@ -15,7 +15,8 @@ SCRIPT = ("import os, sys; from searchjax.runtime import use_transparent_huge_pa
 
 def _stdout(args: list[str], env_changes: dict) -> str:
     """`python args` from the repository root, with none of the re-exec's variables but `env_changes`."""
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "SEARCHJAX_HUGE_PAGES")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("GLIBC_TUNABLES", "SEARCHJAX_HUGE_PAGES", "SEARCHJAX_RETURN_BLOCKS")}
     return subprocess.run([sys.executable, *args], env=env | env_changes, check=True, capture_output=True, text=True,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))).stdout
 
@@ -111,3 +112,12 @@ def test_returning_large_blocks_gives_a_freed_block_back_and_the_keep_resumes_af
         assert int(nested) < 32 and int(after) >= 240
     outer, inner, nested, after = _stdout(["-c", RETURN_SCRIPT], {"SEARCHJAX_HUGE_PAGES": "0"}).split()
     assert (outer, inner) == ("False", "False") and int(nested) < 32 and int(after) < 32
+
+
+def test_returning_large_blocks_switched_off_keeps_the_block():
+    """With SEARCHJAX_RETURN_BLOCKS=0 the block is a no-op under the re-exec's tunables: the 256 MiB block freed
+    inside it stays in the heap, as outside it."""
+    outer, inner, nested, _ = _stdout(["-c", RETURN_SCRIPT], {"SEARCHJAX_RETURN_BLOCKS": "0"}).split()
+    assert (outer, inner) == ("False", "False")
+    if _supported():
+        assert int(nested) >= 240
