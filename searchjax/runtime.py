@@ -190,10 +190,14 @@ def returning_large_blocks():
     6.9 GiB. The price is first-touch page faults on the blocks mapped afresh: the 8-row rollout benchmark at
     Search-R1's budgets ran 2.7 % slower (104.9 s against 102.1 s, alternated), and its peak fell from 9.3 to
     6.0 GiB; the paper solver's 10-row rollouts 6 % slower (90.5 s against 85.2 s a chunk, ~12 s more system
-    time each), their peak 6.8 GiB against 9.8-11.4 GiB and rising. `searchjax.generation` runs its calls in
-    this block. Nested blocks are one block; a no-op in a process that does not keep freed memory, and with
-    SEARCHJAX_RETURN_BLOCKS=0 (where memory is ample and those per cent matter more than the peak). Yields
-    whether it is active: XLA allocates when a program runs, so a caller that dispatched one blocks on it inside.
+    time each), their peak 6.8 GiB against 9.8-11.4 GiB and rising. Those calls ran back to back. On a VM whose
+    kernel reports free memory to its host (free page reporting, e.g. Firecracker's balloon), a block given back and
+    idle for ~2 s is taken by the host and faulted in again there: a 64-token decode at batch 8 took 2.0 s after a
+    3 s gap against 1.3 s back to back, and 1.2 s either way with the blocks kept (docs/performance.md, "Memory the
+    VM takes back"). `searchjax.generation` runs its calls in this block. Nested blocks are one block; a no-op
+    in a process that does not keep freed memory, and with SEARCHJAX_RETURN_BLOCKS=0 (where memory is ample and
+    that time matters more than the peak). Yields whether it is active: XLA allocates when a program runs, so a
+    caller that dispatched one blocks on it inside.
     """
     if not keeps_freed_memory() or os.environ.get("SEARCHJAX_RETURN_BLOCKS", "1") == "0":
         yield False
