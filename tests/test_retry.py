@@ -4,6 +4,7 @@ OpenAI-compatible backend and the retrieval client."""
 import datetime
 import email.utils
 import socket
+import time
 
 import httpx
 import pytest
@@ -80,14 +81,21 @@ def test_429_retry_after_seconds_then_200():
 
 
 def test_503_retry_after_http_date_then_200():
-    # An HTTP-date has whole seconds: "now + 2 s" rounds down to a wait of 1 to 2 s.
-    when = email.utils.format_datetime(datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=2),
+    # An HTTP-date has whole seconds: "now + 3 s" rounds down to a date 2 to 3 s ahead. The retry must not come
+    # before it. Checked against the date itself, not a fixed gap: the time between taking "now" and the 503's
+    # arrival (a loaded CI host: 0.1 s once) comes off the wait, so a gap's lower bound flaked.
+    when = email.utils.format_datetime(datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=3),
                                        usegmt=True)
+    until = email.utils.parsedate_to_datetime(when).timestamp()
+    wall_minus_monotonic = time.time() - time.monotonic()  # the server stamps arrivals with time.monotonic()
     with serve_script({"/x": [Reply(503, {"Retry-After": when}), Reply(200, body={"ok": True})]}) as srv, \
             httpx.Client(timeout=5) as client:
         assert retry.request(client, "GET", f"{srv.url}/x", FAST).json() == {"ok": True}
         seen = srv.seen("/x")
-    assert len(seen) == 2 and 0.9 <= _gaps(seen)[0] < 3.5
+    assert len(seen) == 2
+    first, second = (t + wall_minus_monotonic for t, _, _ in seen)
+    assert until - first > 1.0                   # the date was well ahead: the backoff alone would wait ~0.01 s
+    assert second >= until - 0.05 and second - first < 4.0
 
 
 def test_503s_are_retried_then_give_up_naming_url_and_status():
